@@ -1,0 +1,75 @@
+"""Paged-attention ops with a backend chosen by device.
+
+``kernels.<op>(...)`` runs the Triton kernel (``kernels.triton_kernels``) when its tensors live on CUDA and the
+pure-torch reference (``kernels.reference``) otherwise. ``get_backend`` lets the engine force one backend:
+``"triton"`` also works on CPU tensors when ``TRITON_INTERPRET=1`` is set before triton is imported.
+Triton is imported lazily, so ``import kernels`` works where triton is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from kernels import reference
+
+__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
+           "get_backend", "BACKENDS"]
+
+BACKENDS = (None, "auto", "triton", "torch")
+
+
+def get_backend(name: str | None, device: torch.device | str) -> ModuleType:
+    """The module implementing the ops for ``name`` (None/"auto", "triton" or "torch") on ``device``.
+
+    "auto" picks Triton on CUDA and the torch reference elsewhere. Raises ValueError for an unknown name and
+    for "triton" on a non-CUDA device without ``TRITON_INTERPRET=1`` (Triton could not run there).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of None, 'auto', 'triton', 'torch'; got {name!r}")
+    device = torch.device(device)
+    if name == "torch" or (name in (None, "auto") and device.type != "cuda"):
+        return reference
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"the triton backend needs a CUDA device or TRITON_INTERPRET=1 (device is {device})")
+    return _triton()
+
+
+def _triton() -> ModuleType:
+    try:
+        return importlib.import_module("kernels.triton_kernels")
+    except ImportError as exc:
+        raise ValueError(f"the triton backend is unavailable: {exc}") from exc
+
+
+def _for(tensor: Tensor) -> ModuleType:
+    return _triton() if tensor.is_cuda else reference
+
+
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor) -> None:
+    """See ``kernels.reference.reshape_and_cache``."""
+    _for(key_cache).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                           context_lens: Tensor, scale: float) -> Tensor:
+    """See ``kernels.reference.paged_attention_decode``."""
+    return _for(query).paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
+
+
+def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                            context_lens: Tensor, query_start_loc: Tensor, scale: float) -> Tensor:
+    """See ``kernels.reference.paged_attention_prefill``."""
+    return _for(query).paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
+                                               query_start_loc, scale)
+
+
+def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:
+    """See ``kernels.reference.copy_blocks``."""
+    if key_caches:
+        _for(key_caches[0]).copy_blocks(key_caches, value_caches, block_mapping)
