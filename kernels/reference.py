@@ -15,18 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels import validation
+
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
     """Write each token's K/V (``[num_tokens, kv_heads, head_dim]``) into its slot, in place; slot -1 skips."""
-    _check_cache_pair(key_cache, value_cache)
-    if key.shape != value.shape or key.dim() != 3 or key.shape[1:] != key_cache.shape[2:]:
-        raise ValueError(f"key/value must be [num_tokens, {key_cache.shape[2]}, {key_cache.shape[3]}], "
-                         f"got {tuple(key.shape)} and {tuple(value.shape)}")
-    if slot_mapping.shape != (key.shape[0],):
-        raise ValueError(f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
+    validation.check_cache_pair(key_cache, value_cache)
+    validation.check_new_kv(key, value, key_cache, slot_mapping)
     block_size = key_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
@@ -42,9 +40,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     ``query: [num_seqs, num_heads, head_dim]``; query head h reads KV head ``h // (num_heads // kv_heads)``.
     A sequence with context length 0 gets a zero output (useful for padded batches).
     """
-    _check_cache_pair(key_cache, value_cache)
-    _check_query(query, key_cache)
-    _check_tables(block_tables, context_lens, query.shape[0])
+    validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, query.shape[0])
     mask = _positions(key_cache, context_lens)[None, None, :] < context_lens.long()[:, None, None]
     out = _attend(query[:, None], key_cache, value_cache, block_tables, context_lens, mask, scale)
     return out[:, 0]
@@ -59,12 +55,9 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     and attends to positions ``0..that position``. Sequences with one new token take the decode path, so a
     mixed decode + prefill batch is not padded to its longest prompt.
     """
-    _check_cache_pair(key_cache, value_cache)
-    _check_query(query, key_cache)
     num_seqs = block_tables.shape[0]
-    _check_tables(block_tables, context_lens, num_seqs)
-    if query_start_loc.shape != (num_seqs + 1,):
-        raise ValueError(f"query_start_loc must be [{num_seqs + 1}], got {tuple(query_start_loc.shape)}")
+    validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
+    validation.check_query_start_loc(query_start_loc, num_seqs)
     starts = query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
     if bool((q_lens < 0).any()) or int(starts[-1]) != query.shape[0] or bool((q_lens > context_lens).any()):
@@ -94,16 +87,12 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
 def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:
     """Copy physical block ``src -> dst`` for every ``(src, dst)`` row of ``block_mapping``, in every layer.
 
-    All sources are read before any destination is written.
+    Destinations must be distinct and must not be sources (see ``validation.check_block_mapping``).
     """
-    if len(key_caches) != len(value_caches):
-        raise ValueError(f"got {len(key_caches)} key caches but {len(value_caches)} value caches")
-    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping must be [num_pairs, 2], got {tuple(block_mapping.shape)}")
+    validation.check_block_mapping(key_caches, value_caches, block_mapping)
     if block_mapping.numel() == 0:
         return
     for key_cache, value_cache in zip(key_caches, value_caches):
-        _check_cache_pair(key_cache, value_cache)
         mapping = block_mapping.to(key_cache.device).long()
         src, dst = mapping[:, 0], mapping[:, 1]
         key_cache.index_copy_(0, dst, key_cache.index_select(0, src))
@@ -147,23 +136,3 @@ def _positions(key_cache: Tensor, context_lens: Tensor) -> Tensor:
     block_size = key_cache.shape[1]
     longest = int(context_lens.max()) if context_lens.numel() else 0
     return torch.arange(max(1, -(-longest // block_size)) * block_size, device=key_cache.device)
-
-
-def _check_cache_pair(key_cache: Tensor, value_cache: Tensor) -> None:
-    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
-        raise ValueError("key_cache and value_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
-                         f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}")
-
-
-def _check_query(query: Tensor, key_cache: Tensor) -> None:
-    kv_heads, head_dim = key_cache.shape[2:]
-    if query.dim() != 3 or query.shape[2] != head_dim or query.shape[1] % kv_heads:
-        raise ValueError(f"query must be [tokens, heads, {head_dim}] with heads a multiple of {kv_heads}, "
-                         f"got {tuple(query.shape)}")
-
-
-def _check_tables(block_tables: Tensor, context_lens: Tensor, num_seqs: int) -> None:
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables must be [{num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
-    if context_lens.shape != (num_seqs,):
-        raise ValueError(f"context_lens must be [{num_seqs}], got {tuple(context_lens.shape)}")

@@ -1,0 +1,63 @@
+"""Argument checks shared by the reference and Triton backends, so both reject bad input the same way."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def check_cache_pair(key_cache: Tensor, value_cache: Tensor) -> None:
+    """Both caches must be ``[num_blocks, block_size, kv_heads, head_dim]`` with the same shape."""
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError("key_cache and value_cache must both be [num_blocks, block_size, kv_heads, head_dim], "
+                         f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}")
+
+
+def check_new_kv(key: Tensor, value: Tensor, key_cache: Tensor, slot_mapping: Tensor) -> None:
+    """New K/V must be ``[num_tokens, kv_heads, head_dim]`` with one slot per token."""
+    if key.shape != value.shape or key.dim() != 3 or key.shape[1:] != key_cache.shape[2:]:
+        raise ValueError(f"key/value must be [num_tokens, {key_cache.shape[2]}, {key_cache.shape[3]}], "
+                         f"got {tuple(key.shape)} and {tuple(value.shape)}")
+    if slot_mapping.shape != (key.shape[0],):
+        raise ValueError(f"slot_mapping must be [{key.shape[0]}], got {tuple(slot_mapping.shape)}")
+
+
+def check_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                    context_lens: Tensor, num_seqs: int) -> None:
+    """Shapes of an attention call: query heads a multiple of KV heads, one table row and length per sequence."""
+    check_cache_pair(key_cache, value_cache)
+    kv_heads, head_dim = key_cache.shape[2:]
+    if query.dim() != 3 or query.shape[2] != head_dim or query.shape[1] % kv_heads:
+        raise ValueError(f"query must be [tokens, heads, {head_dim}] with heads a multiple of {kv_heads}, "
+                         f"got {tuple(query.shape)}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be [{num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
+    if context_lens.shape != (num_seqs,):
+        raise ValueError(f"context_lens must be [{num_seqs}], got {tuple(context_lens.shape)}")
+
+
+def check_query_start_loc(query_start_loc: Tensor, num_seqs: int) -> None:
+    if query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"query_start_loc must be [{num_seqs + 1}], got {tuple(query_start_loc.shape)}")
+
+
+def check_block_mapping(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:
+    """One value cache per key cache; ``(src, dst)`` pairs whose destinations are distinct and never sources.
+
+    Copies may run in parallel, so a chain (a block copied out of and into in one call) has no defined order.
+    """
+    if len(key_caches) != len(value_caches):
+        raise ValueError(f"got {len(key_caches)} key caches but {len(value_caches)} value caches")
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping must be [num_pairs, 2], got {tuple(block_mapping.shape)}")
+    pairs = block_mapping.tolist()
+    sources = {src for src, _ in pairs}
+    destinations = [dst for _, dst in pairs]
+    if len(set(destinations)) != len(destinations) or sources.intersection(destinations):
+        raise ValueError("block_mapping destinations must be distinct and must not also be sources")
+    for key_cache, value_cache in zip(key_caches, value_caches):
+        check_cache_pair(key_cache, value_cache)
+        if key_cache.shape != key_caches[0].shape:
+            raise ValueError("every layer's cache must have the same shape")
+    num_blocks = key_caches[0].shape[0] if key_caches else 0
+    if any(not 0 <= block < num_blocks for pair in pairs for block in pair):
+        raise ValueError(f"block_mapping entries must be physical blocks in [0, {num_blocks})")
