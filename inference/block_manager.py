@@ -1,0 +1,276 @@
+"""Paged KV memory: the physical block pool and the per-sequence block tables that map onto it.
+
+A sequence's i-th *logical* block is `seq.block_table[i]`, an index into the *physical* KV cache
+`key_cache[num_blocks, block_size, kv_heads, head_dim]`. Blocks are handed out one at a time, only when a
+sequence's context crosses a block boundary, so a sequence wastes at most the unfilled tail of its last
+block.
+
+Sharing is by reference counting. A block's `ref_count` is the number of live block tables holding it.
+Full blocks also get a *block hash* (parent block's hash, the block's token ids, extra keys such as a
+cache salt); with prefix caching on, a new sequence whose prompt starts with the same tokens reuses those
+blocks instead of recomputing them. A block whose ref count drops to 0 keeps its hash and contents: it is
+*cached*, and only becomes free for reuse when the pool runs out of never-used blocks, least recently
+freed first (LRU eviction).
+
+Block states (each block is in exactly one):
+    free    ref_count == 0, no hash              -> in free_block_queue
+    cached  ref_count == 0, hashed                -> in free_block_queue and cached_block_hash_to_block
+    used    ref_count >= 1 (hashed or not)        -> in no queue
+
+`check_integrity()` asserts these invariants and the ones in DESIGN.md; tests call it after every scenario.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from inference.sequence import Sequence
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], extra_keys: tuple = ()) -> int:
+    """The prefix-cache key of one full block: it depends on every token before it through the parent."""
+    return hash((parent_hash, token_ids, extra_keys))
+
+
+class BlockPool:
+    """All physical blocks, their ref counts, the LRU free queue and the hash index of cached blocks.
+
+    `free_block_queue` holds every block with ref count 0, in eviction order: never-used and uncached
+    blocks at the front (handed out first), cached blocks appended at the back when released, so the
+    least recently released cached block is evicted first.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.enable_caching = enable_caching
+        self.free_block_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached_block_hash_to_block: dict[int, int] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (free or evictable cached)."""
+        return len(self.free_block_queue)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(1 for b in self.free_block_queue if self.blocks[b].block_hash is not None)
+
+    def get_new_block(self) -> int:
+        block_id, _ = self.free_block_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            self._evict(block)
+        block.ref_count = 1
+        return block_id
+
+    def touch(self, block_id: int) -> None:
+        """Add one reference (a prefix hit or a fork); a cached block leaves the free queue."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_block_queue[block_id]
+        block.ref_count += 1
+
+    def release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        assert block.ref_count > 0, f"block {block_id} released with ref count {block.ref_count}"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_block_queue[block_id] = None
+            if block.block_hash is None:
+                self.free_block_queue.move_to_end(block_id, last=False)
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def cache_block(self, block_id: int, block_hash: int) -> None:
+        """Register a full, computed block under its hash, unless an equal block is already registered."""
+        if not self.enable_caching or block_hash in self.cached_block_hash_to_block:
+            return
+        self.blocks[block_id].block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block_id
+
+    def _evict(self, block: KVBlock) -> None:
+        del self.cached_block_hash_to_block[block.block_hash]
+        block.block_hash = None
+        self.num_evictions += 1
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block with ref count 0 (blocks in use keep their hash). Returns how many."""
+        dropped = 0
+        for block_id in list(self.free_block_queue):
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                del self.cached_block_hash_to_block[block.block_hash]
+                block.block_hash = None
+                self.free_block_queue.move_to_end(block_id, last=False)
+                dropped += 1
+        return dropped
+
+
+class BlockManager:
+    """Maps sequences onto the pool: prefix lookup, on-demand allocation, copy-on-write, fork, free."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.enable_prefix_caching = enable_prefix_caching
+        # Copy-on-write work for the model runner: (src, dst) physical block pairs, drained every step.
+        self.pending_copies: list[tuple[int, int]] = []
+        self.num_cow_copies = 0
+
+    # --- prefix caching -------------------------------------------------------------------------
+
+    def _extra_keys(self, seq: Sequence, block_index: int) -> tuple:
+        salt = seq.request.cache_salt
+        return (salt,) if salt is not None and block_index == 0 else ()
+
+    def _update_block_hashes(self, seq: Sequence) -> None:
+        """Hash every full block of `seq.token_ids` not hashed yet (the hash chain follows the tokens)."""
+        bs = self.block_size
+        while (len(seq.block_hashes) + 1) * bs <= len(seq.token_ids):
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            seq.block_hashes.append(hash_block_tokens(parent, tokens, self._extra_keys(seq, i)))
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Physical blocks holding the longest cached block-aligned prefix of a new sequence.
+
+        At most `len(token_ids) - 1` tokens are served from cache: the last token must run through the
+        model to produce logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self._update_block_hashes(seq)
+        max_blocks = (len(seq.token_ids) - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in seq.block_hashes[:max_blocks]:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """After a step: register blocks that are now full and computed, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        self._update_block_hashes(seq)
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        for i in range(seq.num_cached_blocks, num_full):
+            self.pool.cache_block(seq.block_table[i], seq.block_hashes[i])
+        seq.num_cached_blocks = max(seq.num_cached_blocks, num_full)
+
+    # --- allocation -----------------------------------------------------------------------------
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """New physical blocks `allocate` would take: boundary crossings plus a copy-on-write, if any."""
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - len(seq.block_table)) + int(self._needs_cow(seq))
+
+    def _needs_cow(self, seq: Sequence) -> bool:
+        """True when this step would write into a partly filled last block that another table shares."""
+        if not seq.block_table or seq.num_computed_tokens % self.block_size == 0:
+            return False
+        last = seq.num_computed_tokens // self.block_size
+        return last < len(seq.block_table) and self.pool.blocks[seq.block_table[last]].ref_count > 1
+
+    def can_admit(self, seq: Sequence, cached_blocks: list[int], num_new_tokens: int) -> bool:
+        """Whether a waiting sequence's prefix hits plus its first chunk fit in the pool right now."""
+        revived = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_count == 0)
+        total = -(-(len(cached_blocks) * self.block_size + num_new_tokens) // self.block_size)
+        return total - len(cached_blocks) <= self.pool.num_free_blocks - revived
+
+    def admit(self, seq: Sequence, cached_blocks: list[int]) -> None:
+        """Start a waiting sequence's block table from its prefix-cache hits."""
+        assert not seq.block_table
+        for block_id in cached_blocks:
+            self.pool.touch(block_id)
+        seq.block_table = list(cached_blocks)
+        seq.num_cached_blocks = len(cached_blocks)
+        seq.num_computed_tokens = len(cached_blocks) * self.block_size
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for `num_new_tokens` more tokens of `seq`; False (and no change) if the pool is short.
+
+        Copies-on-write the shared partial last block first, then appends blocks up to
+        ceil(context / block_size). The copy itself is queued in `pending_copies` for the model runner.
+        """
+        if self.num_blocks_needed(seq, num_new_tokens) > self.pool.num_free_blocks:
+            return False
+        if self._needs_cow(seq):
+            last = seq.num_computed_tokens // self.block_size
+            src = seq.block_table[last]
+            dst = self.pool.get_new_block()
+            self.pool.release(src)
+            seq.block_table[last] = dst
+            self.pending_copies.append((src, dst))
+            self.num_cow_copies += 1
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        while len(seq.block_table) < total:
+            seq.block_table.append(self.pool.get_new_block())
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give `child` the parent's blocks by reference: nothing is copied until one of them writes."""
+        for block_id in parent.block_table:
+            self.pool.touch(block_id)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_cached_blocks = parent.num_cached_blocks
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def free(self, seq: Sequence) -> None:
+        """Drop a sequence's references, last block first so that deeper prefix blocks are evicted first."""
+        for block_id in reversed(seq.block_table):
+            self.pool.release(block_id)
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    # --- figures and checks ---------------------------------------------------------------------
+
+    def check_integrity(self, live_seqs: list[Sequence]) -> None:
+        """Assert the DESIGN.md invariants for the pool and the given live (block-holding) sequences."""
+        pool, bs = self.pool, self.block_size
+        holders: dict[int, int] = {}
+        for seq in live_seqs:
+            expected = -(-seq.num_computed_tokens // bs)
+            assert len(seq.block_table) == expected, (
+                f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_computed_tokens} tokens"
+            )
+            assert len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} repeats a block"
+            for block_id in seq.block_table:
+                holders[block_id] = holders.get(block_id, 0) + 1
+        for block in pool.blocks:
+            assert block.ref_count >= 0, f"block {block.block_id} has ref count {block.ref_count}"
+            assert block.ref_count == holders.get(block.block_id, 0), (
+                f"block {block.block_id}: ref count {block.ref_count}, held by {holders.get(block.block_id, 0)}"
+            )
+            in_queue = block.block_id in pool.free_block_queue
+            assert in_queue == (block.ref_count == 0), f"block {block.block_id} queue membership is wrong"
+            if block.block_hash is not None:
+                assert pool.cached_block_hash_to_block.get(block.block_hash) == block.block_id, (
+                    f"hashed block {block.block_id} is not findable by its hash"
+                )
+        for block_hash, block_id in pool.cached_block_hash_to_block.items():
+            assert pool.blocks[block_id].block_hash == block_hash, f"hash index points at block {block_id} wrongly"
+        used = sum(1 for b in pool.blocks if b.ref_count > 0)
+        assert used + pool.num_free_blocks == pool.num_blocks
+        assert not self.pending_copies, "copy-on-write copies left unexecuted"

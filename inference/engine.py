@@ -1,0 +1,290 @@
+"""LLMEngine: requests in, one scheduler + forward + sampler step at a time, outputs out.
+
+Single-threaded by design: every method must be called from one thread (the `LLM` caller, or the
+`StreamingEngine` loop thread). See DESIGN.md "Engine step" for what `step()` does.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from inference.block_manager import BlockManager
+from inference.config import EngineArgs
+from inference.detokenizer import Detokenizer
+from inference.model_loader import resolve_model
+from inference.model_runner import ModelRunner
+from inference.outputs import RequestOutput
+from inference.sampler import sample
+from inference.sampling_params import SamplingParams
+from inference.scheduler import Scheduler
+from inference.sequence import Request, Sequence, SequenceStatus
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        folder = resolve_model(args.model)
+        torch.manual_seed(args.seed)
+        self.tokenizer = load_tokenizer(folder)
+        self.runner = ModelRunner(args, folder)
+        self.block_size = args.block_size
+        self.max_model_len = args.max_model_len
+        if self.runner.num_blocks * args.block_size < args.max_model_len:
+            raise ValueError(
+                f"the KV pool holds {self.runner.num_blocks} blocks x {args.block_size} tokens, less than one "
+                f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
+            )
+        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.requests: dict[str, Request] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | dict,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Tokenise and validate a request without touching engine state (safe from any thread)."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        else:
+            raise ValueError("a prompt must be a string or a dict with 'prompt_token_ids'")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.runner.cfg.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
+                "which must leave room for at least one generated token"
+            )
+        if params.n > self.args.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.args.max_num_seqs}")
+        return Request(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            params=params,
+            eos_token_id=None if params.ignore_eos else self.eos_token_id,
+            cache_salt=cache_salt,
+            arrival_time=arrival_time if arrival_time is not None else time.perf_counter(),
+        )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | dict,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.add(self.make_request(request_id, prompt, params, arrival_time, cache_salt))
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        for seq in request.seqs:
+            self.detokenizer.start(seq)
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final output, or None if unknown."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+        request.metrics.finished_time = time.perf_counter()
+        return RequestOutput.from_request(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # --- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch step; return outputs (cumulative) for every request that made progress."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        now = time.perf_counter()
+        for item in plan.scheduled:
+            seq = item.seq
+            metrics = seq.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+            computed_prompt = max(0, min(seq.num_prompt_tokens, seq.num_computed_tokens + item.num_new_tokens)
+                                  - seq.num_computed_tokens)
+            metrics.num_computed_prompt_tokens += computed_prompt
+            self.prompt_tokens_total += computed_prompt
+
+        sample_rows = [
+            i for i, item in enumerate(plan.scheduled)
+            if item.seq.num_computed_tokens + item.num_new_tokens == len(item.seq.token_ids)
+        ]
+        logits = self.runner.execute(plan.scheduled, sample_rows, self.block_manager.take_pending_copies())
+        for item in plan.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+
+        seqs, rows = [], []
+        for row, i in enumerate(sample_rows):
+            for seq in self._fork_if_first_sample(plan.scheduled[i].seq):
+                seqs.append(seq)
+                rows.append(row)
+        if not seqs:
+            return []
+        result = sample(logits[rows], seqs)
+        now = time.perf_counter()
+        touched: dict[str, Request] = {}
+        for seq, token, logprobs, sampled_logprob in zip(seqs, result.token_ids, result.logprobs,
+                                                         result.sampled_logprobs):
+            self._append_token(seq, token, logprobs, sampled_logprob, now)
+            touched[seq.request_id] = seq.request
+        outputs = []
+        for request in touched.values():
+            if request.is_finished:
+                request.metrics.finished_time = now
+                del self.requests[request.request_id]
+            outputs.append(RequestOutput.from_request(request))
+        return outputs
+
+    def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
+        """At a request's first sample, split the prefilled sequence into its n samples (shared blocks)."""
+        request = seq.request
+        if request.forked:
+            return [seq]
+        request.forked = True
+        children = []
+        for index in range(1, request.params.n):
+            child = request.new_sequence(index, list(seq.token_ids))
+            self.block_manager.fork(seq, child)
+            self.detokenizer.start(child)
+            child.status = SequenceStatus.RUNNING
+            request.seqs.append(child)
+            self.scheduler.running.append(child)
+            children.append(child)
+        return [seq, *children]
+
+    def _append_token(
+        self, seq: Sequence, token: int, logprobs: dict[int, float] | None, sampled_logprob: float, now: float
+    ) -> None:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += sampled_logprob
+        if logprobs is not None:
+            seq.logprobs.append(logprobs)
+        self.generation_tokens_total += 1
+        metrics = seq.request.metrics
+        if seq.index == 0:
+            metrics.token_times.append(now)
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+
+        params = seq.request.params
+        new_text = self.detokenizer.update(seq)
+        stop = self.detokenizer.find_stop(seq, new_text)
+        num_out = seq.num_output_tokens
+        if stop is not None:
+            self._finish(seq, "stop", stop)
+        elif num_out >= params.min_tokens and token == seq.request.eos_token_id:
+            self._finish(seq, "stop")
+        elif num_out >= params.min_tokens and token in params.stop_token_ids:
+            self._finish(seq, "stop", token)
+        elif params.max_tokens is not None and num_out >= params.max_tokens:
+            self._finish(seq, "length")
+        elif len(seq.token_ids) >= self.max_model_len:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.scheduler.finish(seq)
+
+    # --- figures --------------------------------------------------------------------------------
+
+    def live_sequences(self) -> list[Sequence]:
+        return list(self.scheduler.running)
+
+    def check_integrity(self) -> None:
+        """Assert every block-accounting invariant (DESIGN.md); cheap enough to run between steps."""
+        self.block_manager.check_integrity(self.live_sequences())
+        if not self.requests:
+            assert all(b.ref_count == 0 for b in self.block_manager.pool.blocks), "idle engine holds blocks"
+
+    def reset_prefix_cache(self) -> int:
+        return self.block_manager.pool.reset_prefix_cache()
+
+    def metrics(self, block_map: bool = True) -> dict:
+        """A plain dict of live figures; `block_map=False` skips the per-block list for cheap sampling."""
+        pool, bs = self.block_manager.pool, self.block_size
+        owners: dict[int, list[str]] = {}
+        filled: dict[int, int] = {}
+        for seq in self.scheduler.running:
+            for i, block_id in enumerate(seq.block_table):
+                owners.setdefault(block_id, [])
+                if seq.request_id not in owners[block_id]:
+                    owners[block_id].append(seq.request_id)
+                tokens = min(bs, seq.num_computed_tokens - i * bs)
+                filled[block_id] = max(filled.get(block_id, 0), tokens)
+        num_used = sum(1 for b in pool.blocks if b.ref_count > 0)
+        num_cached = pool.num_cached_blocks
+        queries, hits = self.scheduler.prefix_cache_queries, self.scheduler.prefix_cache_hits
+        figures = {
+            "block_size": bs,
+            "num_blocks_total": pool.num_blocks,
+            "num_blocks_used": num_used,
+            "num_blocks_free": pool.num_blocks - num_used - num_cached,
+            "num_blocks_cached": num_cached,
+            "num_blocks_shared": sum(1 for b in pool.blocks if b.ref_count > 1),
+            "kv_cache_usage": num_used / pool.num_blocks,
+            "kv_slot_utilization": sum(filled.values()) / (num_used * bs) if num_used else 1.0,
+            "num_requests_running": len({s.request_id for s in self.scheduler.running}),
+            "num_requests_waiting": len({s.request_id for s in self.scheduler.waiting}
+                                        - {s.request_id for s in self.scheduler.running}),
+            "num_preemptions_total": self.scheduler.num_preemptions,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "prefix_cache_queries_total": queries,
+            "prefix_cache_hits_total": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+            "evictions_total": pool.num_evictions,
+            "cow_copies_total": self.block_manager.num_cow_copies,
+        }
+        if block_map:
+            figures["block_map"] = [
+                {
+                    "state": "used" if b.ref_count else ("cached" if b.block_hash is not None else "free"),
+                    "ref_count": b.ref_count,
+                    "owners": owners.get(b.block_id, []),
+                }
+                for b in pool.blocks
+            ]
+        return figures
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The model's own tokenizer and chat template; fails clearly when the folder has none."""
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{folder}: cannot load a tokenizer ({exc})") from exc

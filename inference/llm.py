@@ -1,0 +1,114 @@
+"""The vLLM-compatible offline API: `LLM(...).generate(prompts, sampling_params)` and `.chat(...)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+
+from tqdm import tqdm
+
+from inference.config import EngineArgs
+from inference.engine import LLMEngine
+from inference.outputs import RequestOutput
+from inference.sampling_params import SamplingParams
+
+Prompt = str | dict
+Messages = list[dict]
+
+
+class LLM:
+    """Offline batch inference. Keyword arguments are those of `EngineArgs` (same names as vLLM)."""
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        if model is not None:
+            kwargs["model"] = model
+        unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"LLM() got unknown arguments: {', '.join(sorted(unknown))}")
+        self.llm_engine = LLMEngine(EngineArgs(**kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion in one continuous batch; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        engine = self.llm_engine
+        # Validate everything before queueing anything, so a bad prompt leaves no half-submitted batch.
+        requests = [
+            engine.make_request(str(next(self._ids)), prompt, p) for prompt, p in zip(prompts, params)
+        ]
+        for request in requests:
+            engine.add(request)
+        return self._run([r.request_id for r in requests], use_tqdm)
+
+    def chat(
+        self,
+        messages: Messages | Seq[Messages],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [
+            {"prompt_token_ids": ids, "prompt": None}
+            for ids in (self.encode_chat(c, add_generation_prompt) for c in conversations)
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        return encode_chat(self.llm_engine.tokenizer, messages, add_generation_prompt)
+
+    def metrics(self) -> dict:
+        return self.llm_engine.metrics()
+
+    def reset_prefix_cache(self) -> int:
+        return self.llm_engine.reset_prefix_cache()
+
+    @staticmethod
+    def _params_per_prompt(
+        sampling_params: SamplingParams | Seq[SamplingParams] | None, count: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        params = list(sampling_params)
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+        return params
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        pending = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm or None) as bar:
+            while pending:
+                for output in engine.step():
+                    if output.finished and output.request_id in pending:
+                        finished[output.request_id] = output
+                        pending.discard(output.request_id)
+                        bar.update(1)
+        return [finished[r] for r in request_ids]
+
+
+def encode_chat(tokenizer, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a conversation rendered through the model's chat template."""
+    if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    if tokenizer.chat_template is None:
+        raise ValueError("this model has no chat template; use generate() with a plain prompt")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)

@@ -1,0 +1,250 @@
+"""Our own Llama-family forward pass over a flattened, unpadded batch of tokens from many sequences.
+
+Tokens of every scheduled sequence are concatenated into one row of `num_tokens`; nothing is padded.
+Attention writes each token's K and V into its slot of the paged cache, then reads the context only
+through block tables (`kernels.paged_attention_*`). Weights load from a local HF folder (safetensors),
+with q/k/v and gate/up fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    eos_token_ids: list[int]
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ModelConfig:
+        cfg = json.loads((folder / "config.json").read_text())
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"{folder}: RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+        eos = cfg.get("eos_token_id")
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            # Qwen2 puts a bias on q/k/v without saying so in attention_bias.
+            attention_bias=cfg.get("attention_bias", False) or cfg.get("model_type") == "qwen2",
+            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the paged cache and what context each sequence attends to.
+
+    slot_mapping[t]     physical slot (block * block_size + offset) for token t's K/V
+    block_tables[s]     physical blocks of sequence s, padded with 0 past its context
+    context_lens[s]     cached tokens of sequence s after this step (earlier context + new tokens)
+    query_start_loc     sequence s owns query rows query_start_loc[s]:query_start_loc[s+1]
+    is_decode           every sequence has exactly one new token (selects the decode kernel)
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    is_decode: bool
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before the weight, exactly as HF Llama does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Plain RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        ops: ModuleType,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rope(positions, q.view(-1, self.num_heads, self.head_dim))
+        k = rope(positions, k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        key_cache, value_cache = kv_cache
+        ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        if meta.is_decode:
+            out = ops.paged_attention_decode(
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale
+            )
+        else:
+            out = ops.paged_attention_prefill(
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale
+            )
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        ops: ModuleType,
+    ) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] after the final norm; `compute_logits` picks rows later."""
+        h = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rope, kv_cache, meta, ops)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+    """Build the model and fill it from the folder's safetensors, fusing q/k/v and gate/up."""
+    cfg = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.to_empty(device=device)
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+
+    weights: dict[str, torch.Tensor] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} holds no *.safetensors weights")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                weights[name.removeprefix("model.")] = f.get_tensor(name)
+
+    def take(name: str) -> torch.Tensor:
+        try:
+            return weights.pop(name)
+        except KeyError:
+            raise ValueError(f"{folder}: weight {name!r} is missing; is this a Llama-family model?") from None
+
+    params = dict(model.named_parameters())
+
+    def put(name: str, tensor: torch.Tensor) -> None:
+        if params[name].shape != tensor.shape:
+            raise ValueError(f"{folder}: {name} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
+        params[name].data.copy_(tensor)
+
+    put("embed_tokens.weight", take("embed_tokens.weight"))
+    put("norm.weight", take("norm.weight"))
+    if not cfg.tie_word_embeddings:
+        put("lm_head.weight", take("lm_head.weight"))
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        attn = p + "self_attn."
+        put(attn + "qkv_proj.weight", torch.cat([take(attn + f"{x}_proj.weight") for x in "qkv"]))
+        if cfg.attention_bias:
+            put(attn + "qkv_proj.bias", torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]))
+        put(attn + "o_proj.weight", take(attn + "o_proj.weight"))
+        mlp = p + "mlp."
+        put(mlp + "gate_up_proj.weight", torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")]))
+        put(mlp + "down_proj.weight", take(mlp + "down_proj.weight"))
+        put(p + "input_layernorm.weight", take(p + "input_layernorm.weight"))
+        put(p + "post_attention_layernorm.weight", take(p + "post_attention_layernorm.weight"))
+    return model.to(dtype).eval()

@@ -1,0 +1,71 @@
+"""What the engine hands back: vLLM-shaped request outputs and streaming deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inference.sequence import Request, RequestMetrics
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    cumulative_logprob: float | None = None
+    # One {token id: logprob} dict per generated token, when SamplingParams.logprobs is set.
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+    @classmethod
+    def from_request(cls, request: Request) -> RequestOutput:
+        want_logprobs = request.params.logprobs is not None
+        outputs = [
+            CompletionOutput(
+                index=seq.index,
+                text=seq.output_text,
+                token_ids=list(seq.output_token_ids),
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+                cumulative_logprob=seq.cumulative_logprob if want_logprobs else None,
+                logprobs=list(seq.logprobs) if want_logprobs else None,
+            )
+            for seq in sorted(request.seqs, key=lambda s: s.index)
+        ]
+        return cls(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            outputs=outputs,
+            finished=request.is_finished,
+            metrics=request.metrics,
+            num_cached_tokens=request.metrics.num_cached_tokens,
+        )
+
+
+@dataclass
+class StreamDelta:
+    """New text and tokens of one output of one request since the previous delta."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None

@@ -1,0 +1,86 @@
+"""Per-request sampling settings, validated up front so a bad value fails its own request only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to turn each step's logits into tokens, and when to stop; field names follow vLLM.
+
+    `temperature == 0` means greedy. `top_k` of 0 or -1 and `top_p == 1` disable those filters.
+    `logprobs=k` returns, per generated token, the k most likely tokens' log-probabilities (plus the
+    sampled one's) computed from the raw model logits, as vLLM does.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = field(init=False, repr=False)
+
+    MAX_LOGPROBS = 20
+
+    def __post_init__(self) -> None:
+        def fail(name: str, why: str) -> None:
+            raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            fail("n", "must be an integer >= 1")
+        if not _is_number(self.temperature) or self.temperature < 0:
+            fail("temperature", "must be a number >= 0")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            fail("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            fail("top_k", "must be -1, 0 (disabled) or a positive integer")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            fail("min_p", "must be in [0, 1]")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            fail("repetition_penalty", "must be > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                fail(name, "must be in [-2, 2]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            fail("seed", "must be an integer or None")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            fail("max_tokens", "must be an integer >= 1 or None")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            fail("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            fail("min_tokens", f"must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_LOGPROBS
+        ):
+            fail("logprobs", f"must be an integer in [0, {self.MAX_LOGPROBS}] or None")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if not all(isinstance(s, str) and s for s in stops):
+            fail("stop", "must be a non-empty string or a list of non-empty strings")
+        self.stop_strings = tuple(stops)
+        ids = self.stop_token_ids or []
+        if not all(isinstance(t, int) and t >= 0 for t in ids):
+            fail("stop_token_ids", "must be a list of non-negative integers")
+        self.stop_token_ids = list(ids)
+        if self.top_k == -1:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

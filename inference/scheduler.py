@@ -1,0 +1,124 @@
+"""Continuous batching: choose each step's work under the token and sequence budgets.
+
+Every step, in this order:
+1. Running sequences, decodes first, then unfinished prefill chunks. When one cannot get a block, the
+   newest running sequence not yet scheduled this step is preempted (its blocks freed; it waits at the
+   head of the queue to be recomputed later, mostly from the prefix cache) until it fits. If nothing
+   else can go, the sequence preempts itself.
+2. Waiting sequences, first come first served, while the budgets and free blocks allow (none are
+   admitted in a step that preempted, so memory pressure is not made worse). A prompt larger than the
+   remaining token budget is prefilled in chunks over several steps (chunked prefill), so a long prompt
+   never stalls the running decodes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference.block_manager import BlockManager
+from inference.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _seats_taken(self) -> int:
+        """Running sequences, counting an unforked n > 1 request as the n samples it will become."""
+        return sum(1 if s.request.forked else s.request.params.n for s in self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+        order = sorted(self.running, key=lambda s: s.num_uncomputed_tokens != 1)  # decodes first, stable
+        for seq in order:
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:
+                continue
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.allocate(seq, num_new):
+                victim = next(
+                    (v for v in reversed(self.running) if v is not seq and v.seq_id not in scheduled_ids), None
+                )
+                self._preempt(victim or seq, out)
+                if victim is None:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                scheduled_ids.add(seq.seq_id)
+                budget -= num_new
+
+        while self.waiting and budget > 0 and not out.preempted:
+            seq = self.waiting[0]
+            seats = 1 if seq.request.forked else seq.request.params.n
+            if self._seats_taken() + seats > self.max_num_seqs:
+                break
+            cached = self.block_manager.find_cached_prefix(seq)
+            num_new = min(len(seq.token_ids) - len(cached) * self.block_manager.block_size, budget)
+            if not self.block_manager.can_admit(seq, cached, num_new):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, cached)
+            assert self.block_manager.allocate(seq, num_new)
+            self._count_prefix_query(seq, len(cached))
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        return out
+
+    def _count_prefix_query(self, seq: Sequence, num_cached_blocks: int) -> None:
+        hit_tokens = num_cached_blocks * self.block_manager.block_size
+        self.prefix_cache_queries += len(seq.token_ids)
+        self.prefix_cache_hits += hit_tokens
+        metrics = seq.request.metrics
+        if metrics.first_scheduled_time is None:
+            metrics.num_cached_tokens = hit_tokens
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Free the sequence's blocks and queue it first in line; it is recomputed on readmission."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and drop its block references."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)

@@ -1,0 +1,127 @@
+"""Plain state for one request and its sequences.
+
+A `Request` is what a user submitted; it owns one `Sequence` per output sample. With `n > 1` the request
+starts as a single sequence that prefills the prompt once; when the prompt is done it forks into `n`
+sequences whose block tables share the prompt's blocks (see `BlockManager.fork`).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_seq_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    """One token stream. Its KV lives in the blocks named by `block_table`.
+
+    `num_computed_tokens` counts the leading tokens whose K/V are in the cache; the rest of `token_ids`
+    still has to go through the model (a prompt not yet prefilled, or the last sampled token).
+    """
+
+    request: Request
+    index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Hashes of this sequence's full blocks, in order (prefix caching); grows as blocks fill.
+    block_hashes: list[int] = field(default_factory=list)
+    # How many leading blocks of block_table are registered in the prefix cache.
+    num_cached_blocks: int = 0
+    generator: torch.Generator | None = None
+    output_text: str = ""
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    # Incremental detokenisation state (see Detokenizer).
+    prefix_offset: int = 0
+    read_offset: int = 0
+    # Characters of output_text and output tokens already handed to streaming clients.
+    num_emitted_chars: int = 0
+    num_emitted_tokens: int = 0
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (time.perf_counter) of one request's life, for TTFT / ITL figures."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_computed_prompt_tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_id: int | None
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    seqs: list[Sequence] = field(default_factory=list)
+    # False until the prompt is prefilled and (for n > 1) the sequence forked into n samples.
+    forked: bool = False
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.seqs.append(self.new_sequence(0, list(self.prompt_token_ids)))
+
+    def new_sequence(self, index: int, token_ids: list[int]) -> Sequence:
+        seq = Sequence(self, index, token_ids, len(self.prompt_token_ids))
+        if self.params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(self.params.seed + index)
+        return seq
+
+    @property
+    def is_finished(self) -> bool:
+        return all(seq.is_finished for seq in self.seqs)

@@ -1,0 +1,210 @@
+"""StreamingEngine: one engine loop thread serving many concurrent callers (the shape a worker hosts).
+
+Callers in any thread (or asyncio loop) call `add_request`, which validates and tokenises the request in
+the caller's thread — a bad request raises `ValueError` there and never reaches the loop — and returns
+a `RequestStream`. The loop thread owns the `LLMEngine`: it drains queued commands (add, abort), runs
+`step()` while there is work, and pushes each output's new text into that request's stream. Iterating a
+stream (plainly or with `async for`) yields `StreamDelta`s until every output has finished;
+`stream.final` then holds the complete `RequestOutput`. If a step raises, every in-flight stream ends
+with finish_reason "error" and the loop keeps serving.
+
+    engine = StreamingEngine(model="smollm2-135m-instruct")
+    engine.start()
+    stream = engine.add_request("Hello", SamplingParams(max_tokens=32))
+    for delta in stream:
+        print(delta.text, end="")
+    engine.abort(stream.request_id)   # from any thread; frees the blocks at the next loop turn
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+from inference.config import EngineArgs
+from inference.detokenizer import Detokenizer
+from inference.engine import LLMEngine, load_tokenizer
+from inference.llm import encode_chat
+from inference.model_loader import resolve_model
+from inference.outputs import RequestOutput, StreamDelta
+from inference.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+_END = object()
+
+
+class RequestStream:
+    """Deltas of one request, filled by the loop thread, read by one consumer (sync or async)."""
+
+    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.final: RequestOutput | None = None
+        self.error: str | None = None
+        # Output indices whose finishing delta was sent (touched by the loop thread only).
+        self.closed_indices: set[int] = set()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def _put(self, item: object) -> None:
+        self._queue.put(item)
+
+    def get(self, timeout: float | None = None) -> StreamDelta | None:
+        """Next delta, or None at the end of the stream; raises queue.Empty on timeout."""
+        item = self._queue.get(timeout=timeout)
+        if item is _END:
+            self._queue.put(_END)  # keep the end visible to later calls
+            return None
+        return item
+
+    def __iter__(self) -> Iterator[StreamDelta]:
+        while (delta := self.get()) is not None:
+            yield delta
+
+    async def __aiter__(self) -> AsyncIterator[StreamDelta]:
+        while (delta := await asyncio.to_thread(self.get)) is not None:
+            yield delta
+
+
+class StreamingEngine:
+    def __init__(self, **kwargs) -> None:
+        self.args = EngineArgs(**kwargs)
+        self.engine = LLMEngine(self.args)
+        # A second tokenizer for callers' threads: the loop thread's one is never shared.
+        self.tokenizer = load_tokenizer(resolve_model(self.args.model))
+        self._tokenizer_lock = threading.Lock()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, RequestStream] = {}
+        self._metrics: dict = self.engine.metrics()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- caller side (any thread) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def add_request(
+        self,
+        prompt: str | list[int] | None,
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        messages: list[dict] | None = None,
+        cache_salt: str | None = None,
+    ) -> RequestStream:
+        """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
+        request_id = request_id or uuid.uuid4().hex
+        with self._tokenizer_lock:
+            if messages is not None:
+                prompt = {"prompt_token_ids": encode_chat(self.tokenizer, messages), "prompt": None}
+            elif isinstance(prompt, list):
+                prompt = {"prompt_token_ids": prompt}
+            elif isinstance(prompt, str):
+                prompt = {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=False)}
+            else:
+                raise ValueError("give a prompt (text or token ids) or messages")
+        request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt)
+        stream = RequestStream(request_id, len(request.prompt_token_ids))
+        self._commands.put(("add", request, stream))
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id, None))
+        self._wakeup.set()
+
+    def reset_prefix_cache(self) -> None:
+        self._commands.put(("reset", None, None))
+        self._wakeup.set()
+
+    def metrics(self) -> dict:
+        """The latest figures, refreshed by the loop after every step (a consistent snapshot)."""
+        return self._metrics
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        with self._tokenizer_lock:
+            return encode_chat(self.tokenizer, messages)
+
+    # --- loop thread ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wakeup.wait(timeout=0.5)
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # keep serving: fail the in-flight requests, not the worker
+                logger.exception("engine step failed")
+                self._fail_all(f"engine step failed: {exc}")
+                continue
+            for output in outputs:
+                self._publish(output)
+            self._metrics = self.engine.metrics()
+
+    def _drain_commands(self) -> None:
+        changed = False
+        while True:
+            try:
+                kind, payload, stream = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            changed = True
+            if kind == "add":
+                try:
+                    self.engine.add(payload)
+                    self._streams[payload.request_id] = (stream, payload)
+                except ValueError as exc:
+                    stream.error = str(exc)
+                    stream._put(_END)
+            elif kind == "abort":
+                output = self.engine.abort_request(payload)
+                if output is not None:
+                    self._publish(output)
+            elif kind == "reset":
+                self.engine.reset_prefix_cache()
+        if changed:
+            self._metrics = self.engine.metrics()
+
+    def _publish(self, output: RequestOutput) -> None:
+        entry = self._streams.get(output.request_id)
+        if entry is None:
+            return
+        stream, request = entry
+        for seq in sorted(request.seqs, key=lambda s: s.index):
+            if seq.index in stream.closed_indices:
+                continue
+            text = Detokenizer.streamable_text(seq)
+            new_ids = seq.output_token_ids[seq.num_emitted_tokens :]
+            seq.num_emitted_tokens = seq.num_output_tokens
+            if text or new_ids or seq.is_finished:
+                stream._put(StreamDelta(output.request_id, seq.index, text, new_ids, seq.is_finished,
+                                        seq.finish_reason))
+            if seq.is_finished:
+                stream.closed_indices.add(seq.index)
+        if output.finished:
+            stream.final = output
+            stream._put(_END)
+            del self._streams[output.request_id]
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, (stream, _) in list(self._streams.items()):
+            self.engine.abort_request(request_id)
+            stream.error = message
+            stream._put(StreamDelta(request_id, 0, "", [], True, "error"))
+            stream._put(_END)
+        self._streams.clear()
