@@ -1,0 +1,27 @@
+"""ASGI entry point for daphne: Django over HTTP, Channels consumers over websockets.
+
+Websockets pass Channels' AllowedHostsOriginValidator (Origin must match ALLOWED_HOSTS) and the session/auth
+middleware, so consumers see `scope["user"]` and `scope["session"]`.
+"""
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
+django_asgi_app = get_asgi_application()  # sets Django up before the imports below touch models
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from playground.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # Static files from the same server: the playground has no separate web server in front of it.
+        "http": ASGIStaticFilesHandler(django_asgi_app) if settings.PLAYGROUND_SERVE_STATIC else django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -1,0 +1,94 @@
+"""Parsing and validation of the frames a browser sends on /ws/chat/ (docs/protocol.md).
+
+Every check raises `InvalidInput` with a message fit for the client's error event.
+"""
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from playground.serving.params import InvalidInput, validate_sampling
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Generate:
+    conversation_id: uuid.UUID | None
+    messages: list[dict[str, str]]
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+def decode_frame(text: str | None, max_bytes: int) -> dict[str, Any]:
+    """Parse one text frame into a JSON object, refusing oversize, binary and non-object frames."""
+    if text is None:
+        raise InvalidInput("only JSON text frames are accepted")
+    if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise InvalidInput(f"frame larger than {max_bytes} bytes")
+    try:
+        frame = json.loads(text)
+    except ValueError:
+        raise InvalidInput("frame is not valid JSON") from None
+    if not isinstance(frame, dict):
+        raise InvalidInput("frame must be a JSON object")
+    return frame
+
+
+def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, str]]:
+    """Check a chat transcript: roles, order (system first, user last), sizes."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("messages must be a non-empty list")
+    if len(messages) > limits["max_messages"]:
+        raise InvalidInput(f"at most {limits['max_messages']} messages")
+    clean = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise InvalidInput(f"messages[{i}] must be an object with exactly 'role' and 'content'")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise InvalidInput(f"messages[{i}].role must be one of {', '.join(ROLES)}")
+        if role == "system" and i != 0:
+            raise InvalidInput("only the first message may have role 'system'")
+        if not isinstance(content, str):
+            raise InvalidInput(f"messages[{i}].content must be a string")
+        if len(content) > limits["max_message_chars"]:
+            raise InvalidInput(f"messages[{i}].content is longer than {limits['max_message_chars']} characters")
+        clean.append({"role": role, "content": content})
+    if clean[-1]["role"] != "user":
+        raise InvalidInput("the last message must have role 'user'")
+    if not clean[-1]["content"].strip():
+        raise InvalidInput("the last user message is empty")
+    return clean
+
+
+def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate:
+    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params"})
+    if unknown:
+        raise InvalidInput(f"unknown field(s) in generate: {', '.join(unknown)}")
+    raw_id = frame.get("conversation_id")
+    conversation_id = None
+    if raw_id is not None:
+        try:
+            conversation_id = uuid.UUID(str(raw_id)) if isinstance(raw_id, str) else None
+        except ValueError:
+            conversation_id = None
+        if conversation_id is None:
+            raise InvalidInput("conversation_id must be a UUID string or null")
+    return Generate(
+        conversation_id=conversation_id,
+        messages=parse_messages(frame.get("messages"), limits),
+        params=validate_sampling(frame.get("params"), defaults, limits),
+    )
+
+
+def parse_cancel(frame: Mapping[str, Any]) -> Cancel:
+    request_id = frame.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise InvalidInput("cancel needs a request_id string")
+    return Cancel(request_id=request_id)

@@ -1,0 +1,69 @@
+"""Parsing of the environment variables that configure the project (kept apart so tests can call it)."""
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Read a yes/no variable; anything unrecognised is an error rather than a silent default."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def env_int(name: str, default: int | None, minimum: int | None = None) -> int | None:
+    """Read an integer variable, optionally bounded below."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Read a comma-separated list, dropping blanks."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:
+    """Turn DATABASE_URL (``sqlite:///path`` or ``postgres://user:pass@host:port/name``) into a DATABASES entry."""
+    if not url:
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(default_sqlite_path)}
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        # sqlite:///relative.db -> "relative.db"; sqlite:////abs/path.db -> "/abs/path.db" (as dj-database-url)
+        name = unquote(parts.path)[1:] or str(default_sqlite_path)
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured("DATABASE_URL for postgres must name a database: postgres://host/NAME")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": 60,
+        }
+    raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite or postgres)")

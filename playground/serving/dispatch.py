@@ -1,0 +1,46 @@
+"""Web side of serving: hand a generation to a GPU worker through Celery, or abort one.
+
+Never imports the engine: the web process only talks to Celery and the channel layer.
+"""
+from typing import Any
+
+from channels.layers import get_channel_layer
+
+from playground.celery import app as celery_app
+
+from . import registry
+from .naming import CONTROL_GROUP, GPU_QUEUE, TASK_NAME, worker_queue
+
+
+def choose_queue(preferred_worker: str) -> str:
+    """Prefix-aware routing: the worker that served the conversation's last turn, if it is alive and not
+    already queueing work; any worker (the shared queue) otherwise."""
+    heartbeat = registry.get(preferred_worker)
+    if heartbeat is None or heartbeat.get("state") != "ready":
+        return GPU_QUEUE
+    if heartbeat.get("metrics", {}).get("num_requests_waiting", 0) > 0:
+        return GPU_QUEUE
+    return worker_queue(preferred_worker)
+
+
+def submit(
+    request_id: str,
+    messages: list[dict[str, str]],
+    params: dict[str, Any],
+    preferred_worker: str = "",
+    cache_salt: str | None = None,
+) -> str:
+    """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to."""
+    queue = choose_queue(preferred_worker)
+    celery_app.send_task(
+        TASK_NAME,
+        kwargs={"request_id": request_id, "messages": messages, "params": params, "cache_salt": cache_salt},
+        queue=queue,
+    )
+    return queue
+
+
+async def abort(request_id: str) -> None:
+    """Ask every worker to abort this request; the one running it frees its blocks, a worker that has not
+    picked it up yet drops it when it does."""
+    await get_channel_layer().group_send(CONTROL_GROUP, {"type": "gen.abort", "request_id": request_id})

@@ -1,0 +1,119 @@
+"""The one place that talks to `inference.StreamingEngine`: load, submit, stream, abort, metrics.
+
+A GPU worker (Celery, or the embedded in-process one) owns one EngineService. `inference` (and so torch) is
+imported only when the engine loads, so importing this module costs the web process nothing.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import coalesce
+
+if TYPE_CHECKING:
+    from inference import RequestOutput, RequestStream, StreamingEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine failed to load or is shut down; requests cannot be served."""
+
+
+class EngineService:
+    def __init__(self, engine_kwargs: dict[str, Any]) -> None:
+        self._kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+        self._engine: StreamingEngine | None = None
+        self._error: str | None = None
+        self._loaded = threading.Event()
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Build and start the engine (slow: loads the model). Run it off any thread Celery watches."""
+        try:
+            from inference import StreamingEngine
+
+            engine = StreamingEngine(**self._kwargs)
+            engine.start()
+            self._engine = engine
+            logger.info("engine ready: %s", self._kwargs)
+        except Exception as exc:
+            logger.exception("engine failed to load")
+            self._error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._loaded.set()
+
+    @property
+    def state(self) -> str:
+        """'loading', 'ready' or 'failed'."""
+        if not self._loaded.is_set():
+            return "loading"
+        return "ready" if self._engine is not None else "failed"
+
+    def wait_ready(self, timeout: float | None = None) -> StreamingEngine:
+        if not self._loaded.wait(timeout):
+            raise EngineUnavailable("the model is still loading")
+        if self._engine is None:
+            raise EngineUnavailable(f"the model failed to load: {self._error or 'engine shut down'}")
+        return self._engine
+
+    def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    # --- requests ---------------------------------------------------------------------------------
+    def submit(
+        self, request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None = None
+    ) -> RequestStream:
+        """Queue a chat request; raises ValueError (nothing queued) when the engine refuses it."""
+        from inference import SamplingParams
+
+        engine = self.wait_ready(0)
+        return engine.add_request(
+            None, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
+        )
+
+    def stream(
+        self, stream: RequestStream, send: Callable[[list[coalesce.Chunk]], None], interval: float
+    ) -> dict[str, Any]:
+        """Forward the request's text through `send` (coalesced), then return its `done` payload:
+        outputs, usage and timing (docs/protocol.md). Raises EngineUnavailable if the engine failed it."""
+        coalesce.pump(stream, send, interval)
+        if stream.error is not None or stream.final is None:
+            raise EngineUnavailable(stream.error or "the request ended without a result")
+        return summarize(stream.final)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (thread-safe); its blocks are freed at the engine loop's next turn."""
+        if self._engine is not None:
+            self._engine.abort(request_id)
+
+    def metrics(self, block_map: bool = False) -> dict[str, Any]:
+        """The engine's latest figures ({} while loading); the block map only when asked (it is large)."""
+        if self._engine is None:
+            return {}
+        figures = self._engine.metrics()
+        return figures if block_map else {k: v for k, v in figures.items() if k != "block_map"}
+
+
+def summarize(final: RequestOutput) -> dict[str, Any]:
+    """Outputs, usage and timing of a finished request, as the `done` event carries them."""
+    metrics = final.metrics
+    completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+    ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
+    elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
+    return {
+        "outputs": [{"index": o.index, "text": o.text, "finish_reason": o.finish_reason} for o in final.outputs],
+        "usage": {
+            "prompt_tokens": len(final.prompt_token_ids),
+            "completion_tokens": completion_tokens,
+            "cached_tokens": final.num_cached_tokens,
+        },
+        "timing": {
+            "ttft_ms": ttft_ms,
+            "tokens_per_s": round(completion_tokens / elapsed, 2) if elapsed > 0 else None,
+        },
+    }

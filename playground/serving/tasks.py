@@ -1,0 +1,15 @@
+"""The Celery task on queue `gpu`: hand one chat request to this worker's long-lived engine."""
+from typing import Any
+
+from celery import shared_task
+
+from . import worker
+from .naming import TASK_NAME
+
+
+@shared_task(name=TASK_NAME, ignore_result=True)
+def generate(
+    request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None = None
+) -> None:
+    """Blocks this task thread until the request ends; tokens flow through the channel layer, not here."""
+    worker.current().serve(request_id, messages, params, cache_salt)

@@ -1,0 +1,197 @@
+"""A GPU worker's runtime: one engine, one channel-layer loop, heartbeats and the abort listener.
+
+Celery starts it through the `worker_init` signal (CLI workers and the embedded in-process worker alike).
+Nothing here blocks Celery: the model loads in its own thread, and tasks wait for it. Each Celery task
+thread serves one request through `WorkerRuntime.serve`, which streams coalesced deltas to the request's
+channel-layer group and finishes with `gen.done` (or `gen.error`).
+
+Messages sent to group `req.<request_id>` (handled by playground.chat.consumers.ChatConsumer):
+`gen.accepted` {request_id, worker}, `gen.tokens` {request_id, chunks: [{index, seq, text}]},
+`gen.done` {request_id, worker, outputs, usage, timing}, `gen.error` {request_id, message}.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from . import registry
+from .bridge import LoopBridge
+from .engine_service import EngineService, EngineUnavailable
+from .naming import CONTROL_GROUP, request_group, worker_queue
+
+logger = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S = 600.0  # a task waits this long for the model to load
+SEND_TIMEOUT_S = 10.0
+ABORT_MEMORY_S = 300.0  # aborts of requests not seen yet are remembered this long
+CONTROL_REJOIN_S = 3600.0  # channel-layer group memberships expire; renew well before
+
+
+class WorkerRuntime:
+    def __init__(self, name: str, service: EngineService, bridge: LoopBridge) -> None:
+        self.name = name
+        self.queue = worker_queue(name)
+        self.service = service
+        self.bridge = bridge
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self._early_aborts: dict[str, float] = {}
+        self._stopping = threading.Event()
+        self._control_tasks: list[Any] = []
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.bridge.start()
+        threading.Thread(target=self.service.load, name="engine-load", daemon=True).start()
+        threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True).start()
+        self._control_tasks = [self.bridge.submit(self._listen_for_aborts())]
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for task in self._control_tasks:
+            task.cancel()
+        try:
+            registry.forget(self.name)
+        except Exception:
+            logger.exception("could not remove the worker's heartbeat")
+        self.service.shutdown()
+        self.bridge.stop()
+
+    def heartbeat(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "queue": self.queue,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "state": self.service.state,
+            "metrics": self.service.metrics(),
+        }
+
+    def _heartbeat_loop(self) -> None:
+        interval = settings.PLAYGROUND_HEARTBEAT_INTERVAL
+        while not self._stopping.is_set():
+            try:
+                registry.beat(self.heartbeat())
+            except Exception:
+                logger.exception("heartbeat failed")
+            self._stopping.wait(interval)
+
+    async def _listen_for_aborts(self) -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel("gpu.control.")
+        loop = asyncio.get_running_loop()
+        rejoin_at = 0.0
+        while True:
+            if loop.time() >= rejoin_at:
+                await layer.group_add(CONTROL_GROUP, channel)
+                rejoin_at = loop.time() + CONTROL_REJOIN_S
+            message = await layer.receive(channel)
+            if message.get("type") == "gen.abort" and isinstance(message.get("request_id"), str):
+                self.abort(message["request_id"])
+
+    # --- requests ---------------------------------------------------------------------------------
+    def abort(self, request_id: str) -> None:
+        """Abort a live request, or remember the abort for a request this worker may pick up later."""
+        with self._lock:
+            if request_id in self._live:
+                self.service.abort(request_id)
+                return
+            now = time.monotonic()
+            self._early_aborts = {r: t for r, t in self._early_aborts.items() if now - t < ABORT_MEMORY_S}
+            self._early_aborts[request_id] = now
+
+    def serve(
+        self, request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None
+    ) -> None:
+        """Run one request to its end, streaming to its group (blocking: runs in a Celery task thread)."""
+        group = request_group(request_id)
+        layer = get_channel_layer()
+
+        def send(message: dict[str, Any]) -> None:
+            self.bridge.call(layer.group_send(group, {"request_id": request_id, **message}), SEND_TIMEOUT_S)
+
+        send({"type": "gen.accepted", "worker": self.name})
+        try:
+            self.service.wait_ready(LOAD_TIMEOUT_S)
+            with self._lock:
+                if self._early_aborts.pop(request_id, None) is not None:
+                    send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
+                    return
+                stream = self.service.submit(request_id, messages, params, cache_salt)
+                self._live.add(request_id)
+        except (ValueError, EngineUnavailable) as exc:
+            send({"type": "gen.error", "message": str(exc)})
+            return
+        try:
+            done = self.service.stream(
+                stream,
+                lambda chunks: send({"type": "gen.tokens", "chunks": chunks}),
+                settings.PLAYGROUND_COALESCE_MS / 1000,
+            )
+        except Exception as exc:
+            logger.exception("request %s failed", request_id)
+            self.service.abort(request_id)
+            send({"type": "gen.error", "message": f"generation failed: {exc}"})
+            return
+        finally:
+            with self._lock:
+                self._live.discard(request_id)
+        send({"type": "gen.done", "worker": self.name, **done})
+
+
+def aborted_before_start(n: int) -> dict[str, Any]:
+    """The `done` payload of a request cancelled before the engine saw it."""
+    return {
+        "outputs": [{"index": i, "text": "", "finish_reason": "abort"} for i in range(n)],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0},
+        "timing": {"ttft_ms": None, "tokens_per_s": None},
+    }
+
+
+# --- process-wide wiring ------------------------------------------------------------------------------
+_runtime: WorkerRuntime | None = None
+_shared_loop: asyncio.AbstractEventLoop | None = None
+
+
+def use_event_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Make the next runtime send through `loop` (the embedded server's loop) instead of its own thread."""
+    global _shared_loop
+    _shared_loop = loop
+
+
+def current() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("no GPU worker runtime in this process: run tasks in `celery -A playground worker`")
+    return _runtime
+
+
+@worker_init.connect
+def _start_runtime(sender, **kwargs) -> None:
+    global _runtime
+    if "prefork" in str(getattr(sender, "pool_cls", "")).lower():
+        raise ImproperlyConfigured("GPU workers share one engine per process: use --pool threads (the default)")
+    _runtime = WorkerRuntime(sender.hostname, EngineService(settings.PLAYGROUND_ENGINE), LoopBridge(_shared_loop))
+    _runtime.start()
+
+
+@celeryd_after_setup.connect
+def _consume_own_queue(sender: str, instance, **kwargs) -> None:
+    instance.app.amqp.queues.select_add(worker_queue(sender))
+
+
+@worker_shutdown.connect
+def _stop_runtime(**kwargs) -> None:
+    global _runtime
+    if _runtime is not None:
+        _runtime.stop()
+        _runtime = None

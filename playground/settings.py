@@ -1,0 +1,173 @@
+"""Django settings, all overridable from the environment (see docs/protocol.md and the README).
+
+Without REDIS_URL everything runs in one process (in-memory channel layer, Celery's in-memory broker,
+local-memory cache). With REDIS_URL, channels-redis, a Redis broker and a Redis cache let web processes and
+GPU workers on other machines meet.
+"""
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .envconfig import database_from_url, env_bool, env_int, env_list
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
+
+DEBUG = env_bool("DEBUG", True)
+_DEV_SECRET_KEY = "dev-insecure-paged-playground-key-change-me"
+SECRET_KEY = os.environ.get("SECRET_KEY", _DEV_SECRET_KEY)
+if not DEBUG and SECRET_KEY == _DEV_SECRET_KEY:
+    raise ImproperlyConfigured("DEBUG is off: set SECRET_KEY in the environment (the development key is public).")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",  # first, so that `runserver` serves ASGI (websockets included)
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "playground.chat",
+    "playground.serving",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "playground.urls"
+ASGI_APPLICATION = "playground.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_DATABASE_URL = os.environ.get("DATABASE_URL")
+if not _DATABASE_URL:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {"default": database_from_url(_DATABASE_URL, VAR_DIR / "playground.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+# --- Redis: one URL switches the whole stack to distributed mode -------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 60},
+        }
+    }
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# --- Celery (read by playground/celery.py with the CELERY_ prefix) ------------------------------------------
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+# The in-memory transport polls; keep task pickup latency far below a token's time.
+CELERY_BROKER_TRANSPORT_OPTIONS = {} if REDIS_URL else {"polling_interval": 0.01}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "gpu"
+# A task is acknowledged when a worker takes it: if that worker dies, the client gets an error, never a replay.
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# One process hosts one engine; its many in-flight requests are threads that wait on the shared batch.
+CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_CONCURRENCY = env_int("PLAYGROUND_WORKER_CONCURRENCY", 64, minimum=1)
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
+
+# --- The playground ------------------------------------------------------------------------------------------
+PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", True)
+PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
+
+# Server-side caps on what one generate frame may ask for (also shown to the page as `limits`).
+PLAYGROUND_LIMITS = {
+    "max_tokens": env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1),
+    "max_n": env_int("PLAYGROUND_MAX_N", 4, minimum=1),
+    "max_stop": 4,
+    "max_stop_length": 64,
+    "max_messages": 200,
+    "max_message_chars": 32_000,
+    "max_frame_bytes": env_int("PLAYGROUND_MAX_FRAME_BYTES", 64 * 1024, minimum=1024),
+}
+PLAYGROUND_SAMPLING_DEFAULTS = {
+    "n": 1,
+    "temperature": 0.7,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "seed": None,
+    "stop": [],
+    "max_tokens": min(256, env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1)),
+}
+
+# Keyword arguments for inference.StreamingEngine in every GPU worker.
+PLAYGROUND_ENGINE = {
+    "model": os.environ.get("PLAYGROUND_MODEL", "smollm2-135m-instruct"),
+    "device": os.environ.get("ENGINE_DEVICE", "auto"),
+    "dtype": os.environ.get("ENGINE_DTYPE", "auto"),
+    "max_model_len": env_int("ENGINE_MAX_MODEL_LEN", 2048, minimum=16),
+    "max_num_seqs": env_int("ENGINE_MAX_NUM_SEQS", 64, minimum=1),
+    "num_kv_blocks": env_int("ENGINE_NUM_KV_BLOCKS", None, minimum=1),
+    "enable_prefix_caching": env_bool("ENGINE_PREFIX_CACHING", True),
+    "seed": env_int("ENGINE_SEED", 0),
+}
+
+# Streaming and liveness timings (seconds unless named _ms).
+PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
+PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
+PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long
+PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)  # queued, never picked up
+PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

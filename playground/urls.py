@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from playground.chat import views as chat_views
+from playground.serving import views as serving_views
+
+urlpatterns = [
+    path("", chat_views.index, name="chat"),
+    path("c/<uuid:conversation_id>/", chat_views.index, name="chat-conversation"),
+    path("api/conversations/", chat_views.conversation_list, name="api-conversations"),
+    path("api/conversations/<uuid:conversation_id>/", chat_views.conversation, name="api-conversation"),
+    path("healthz", serving_views.healthz, name="healthz"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+]
