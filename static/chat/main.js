@@ -1,0 +1,408 @@
+/**
+ * The chat page controller: it owns the conversation state and wires the socket, the transcript, the
+ * sampling form, the history list and the KV panel together. The protocol is in docs/protocol.md.
+ *
+ * One generation runs at a time on this page. Its reply streams into a ReplyView; the `done` frame's full
+ * texts replace the streamed ones and become the assistant turn that later requests send back.
+ */
+
+import { JsonSocket } from "../common/socket.js";
+import { ReplyStream } from "./stream.js";
+import { Transcript } from "./transcript.js";
+import { ParamsForm } from "./params.js";
+import { ConversationApi, ConversationList } from "./conversations.js";
+import { KvPanel } from "./kvpanel.js";
+
+const config = JSON.parse(document.getElementById("chat-config").textContent);
+const $ = (id) => document.getElementById(id);
+
+const els = {
+  app: $("chat-app"),
+  messages: $("messages"),
+  empty: $("empty-state"),
+  prompt: $("prompt"),
+  composer: $("composer"),
+  send: $("send"),
+  stop: $("stop"),
+  error: $("composer-error"),
+  system: $("system-prompt"),
+  systemSummary: $("system-summary"),
+  title: $("chat-title"),
+  conn: $("conn"),
+  params: $("params"),
+  markdown: $("markdown-toggle"),
+};
+
+/** How long to wait for the server's `done` after a cancel before giving up on it locally. */
+const CANCEL_GRACE_MS = 5000;
+
+const state = {
+  conversationId: null,
+  /** Turns after the system prompt: {role, content, samples?, finish_reason?, usage?, timing?}. */
+  messages: [],
+  /** The generation in flight: {stream, view, requestId, cancelTimer, cancelRequested} or null. */
+  active: null,
+};
+
+const paramsForm = new ParamsForm(els.params, { defaults: config.sampling_defaults ?? {},
+  limits: config.limits ?? {} });
+const api = new ConversationApi(config.urls?.conversations ?? "/api/conversations/");
+const replyTurns = new Map(); // ReplyView -> its assistant turn in state.messages
+
+const transcript = new Transcript(els.messages, {
+  onChoose: (view, index) => {
+    view.markChosen(index);
+    const turn = replyTurns.get(view);
+    if (turn?.samples) turn.content = turn.samples[index];
+  },
+  onRegenerate: () => regenerate(),
+});
+
+const historyList = new ConversationList($("conv-list"), $("conv-empty"), {
+  onOpen: (id) => openConversation(id, { push: true }),
+  onDelete: (id) => deleteConversation(id),
+});
+
+const kvPanel = new KvPanel({ figures: $("kv-figures"), charts: $("kv-charts"), worker: $("kv-worker"),
+  idle: $("kv-idle") });
+
+const socket = new JsonSocket(config.ws_path ?? "/ws/chat/", {
+  onMessage: handleFrame,
+  onStatus: (status) => {
+    els.conn.dataset.status = status;
+    els.conn.textContent = { open: "connected", connecting: "connecting", closed: "reconnecting" }[status];
+    if (status === "closed" && state.active) failActive("The connection to the server was lost; the reply stopped.");
+  },
+});
+
+// ---------------------------------------------------------------- UI state
+
+function showError(message) {
+  els.error.textContent = message;
+  els.error.hidden = !message;
+}
+
+function setBusy(busy) {
+  els.send.hidden = busy;
+  els.stop.hidden = !busy;
+  transcript.setRegenerable(!busy);
+  els.app.classList.toggle("busy", busy);
+}
+
+function updateEmptyState() {
+  els.empty.hidden = state.messages.length > 0 || state.active !== null;
+}
+
+function updateSystemSummary() {
+  const text = els.system.value.trim();
+  els.systemSummary.textContent = text ? `· ${text.length > 60 ? `${text.slice(0, 60)}…` : text}` : "· none";
+}
+
+function scrollToEnd() {
+  const scroller = $("transcript");
+  const nearBottom = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 120;
+  if (nearBottom) scroller.scrollTop = scroller.scrollHeight;
+}
+
+function autoGrow() {
+  els.prompt.style.height = "auto";
+  els.prompt.style.height = `${Math.min(els.prompt.scrollHeight, 220)}px`;
+}
+
+// ---------------------------------------------------------------- generation
+
+function transcriptPayload() {
+  const system = els.system.value.trim();
+  const turns = state.messages.map(({ role, content }) => ({ role, content }));
+  return system ? [{ role: "system", content: system }, ...turns] : turns;
+}
+
+/** Validate the form; on errors open the settings and say which fields are wrong. */
+function currentParams() {
+  const { params, errors } = paramsForm.read();
+  const bad = Object.keys(errors);
+  if (bad.length > 0) {
+    els.app.classList.add("show-settings");
+    showError(`Fix the sampling settings first: ${bad.map((k) => `${k} ${errors[k]}`).join("; ")}.`);
+    return null;
+  }
+  return params;
+}
+
+/** Send the current transcript (which ends with a user turn) and stream the answer into a new reply. */
+function startGeneration(params) {
+  const n = params.n ?? 1;
+  const view = transcript.addReply(n);
+  state.active = { stream: new ReplyStream(n), view, requestId: null, cancelRequested: false, cancelTimer: null };
+  setBusy(true);
+  updateEmptyState();
+  scrollToEnd();
+  const sent = socket.send({ type: "generate", conversation_id: state.conversationId, messages: transcriptPayload(),
+    params });
+  if (!sent) failActive("Not connected to the server; try again in a moment.");
+}
+
+function send() {
+  const text = els.prompt.value.trim();
+  if (!text || state.active) return;
+  const params = currentParams();
+  if (!params) return;
+  showError("");
+  state.messages.push({ role: "user", content: text });
+  transcript.addUser(text);
+  els.prompt.value = "";
+  autoGrow();
+  startGeneration(params);
+}
+
+function regenerate() {
+  if (state.active) return;
+  const params = currentParams();
+  if (!params) return;
+  const last = transcript.replies[transcript.replies.length - 1];
+  if (last) {
+    const turn = replyTurns.get(last);
+    if (turn && state.messages[state.messages.length - 1] === turn) state.messages.pop();
+    replyTurns.delete(last);
+    transcript.removeReply(last);
+  }
+  if (state.messages.length === 0 || state.messages[state.messages.length - 1].role !== "user") return;
+  showError("");
+  startGeneration(params);
+}
+
+function stop() {
+  const active = state.active;
+  if (!active || active.cancelRequested) return;
+  active.cancelRequested = true;
+  els.stop.disabled = true;
+  if (active.requestId) socket.send({ type: "cancel", request_id: active.requestId });
+  active.cancelTimer = setTimeout(() => {
+    if (state.active === active) failActive("Cancelled; the server did not confirm in time.");
+  }, CANCEL_GRACE_MS);
+}
+
+function endActive() {
+  clearTimeout(state.active?.cancelTimer);
+  state.active = null;
+  els.stop.disabled = false;
+  setBusy(false);
+  updateEmptyState();
+}
+
+function failActive(message) {
+  const { stream, view } = state.active;
+  stream.fail("error");
+  view.fail(message);
+  endActive();
+}
+
+// ---------------------------------------------------------------- server frames
+
+function handleStarted(msg) {
+  const active = state.active;
+  if (!active || active.requestId !== null) return;
+  active.requestId = msg.request_id;
+  active.stream.start(msg.request_id);
+  active.view.el.dataset.requestId = msg.request_id;
+  if (msg.conversation_id && msg.conversation_id !== state.conversationId) {
+    state.conversationId = msg.conversation_id;
+    window.history.pushState({ id: msg.conversation_id }, "", `/c/${msg.conversation_id}/`);
+    historyList.setActive(msg.conversation_id);
+  }
+  if (active.cancelRequested) socket.send({ type: "cancel", request_id: msg.request_id });
+}
+
+function handleToken(msg) {
+  const active = state.active;
+  if (!active) return;
+  const index = active.stream.applyToken(msg);
+  if (index === null) return;
+  active.view.setText(index, active.stream.texts[index]);
+  scrollToEnd();
+}
+
+function handleDone(msg) {
+  const active = state.active;
+  if (!active || msg.request_id !== active.requestId) return;
+  const { stream, view } = active;
+  stream.finish(msg);
+  view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
+    timing: stream.timing, gaps: stream.gaps });
+  const turn = {
+    role: "assistant",
+    content: stream.texts[view.chosen],
+    samples: stream.texts.length > 1 ? [...stream.texts] : null,
+    finish_reason: stream.finishReasons[0],
+    usage: stream.usage,
+    timing: stream.timing,
+  };
+  state.messages.push(turn);
+  replyTurns.set(view, turn);
+  endActive();
+  scrollToEnd();
+  refreshHistory();
+}
+
+function handleError(msg) {
+  const active = state.active;
+  const ours = active && (msg.request_id ? msg.request_id === active.requestId : active.requestId === null);
+  if (ours) failActive(msg.message ?? "The generation failed.");
+  else showError(msg.message ?? "The server reported an error.");
+}
+
+function handleFrame(msg) {
+  switch (msg.type) {
+    case "started": return handleStarted(msg);
+    case "token": return handleToken(msg);
+    case "done": return handleDone(msg);
+    case "error": return handleError(msg);
+    case "snapshot": return kvPanel.update(msg);
+    case "metrics": return kvPanel.update(msg.snapshot ?? msg);
+    default: return console.warn("unknown frame", msg);
+  }
+}
+
+// ---------------------------------------------------------------- conversations
+
+async function refreshHistory() {
+  try {
+    const conversations = await api.list();
+    historyList.render(conversations);
+    const current = conversations.find((c) => c.id === state.conversationId);
+    if (current) {
+      els.title.textContent = current.title || "Untitled";
+      document.title = `${current.title || "Untitled"} · Chat · Paged Playground`;
+    }
+  } catch (err) {
+    console.warn(err);
+  }
+}
+
+function resetConversation() {
+  if (state.active) stop();
+  state.conversationId = null;
+  state.messages = [];
+  replyTurns.clear();
+  transcript.clear();
+  els.system.value = "";
+  updateSystemSummary();
+  els.title.textContent = "New chat";
+  historyList.setActive(null);
+  showError("");
+  updateEmptyState();
+}
+
+/** Render a conversation in the API's JSON shape (GET /api/conversations/<id>/). */
+function showConversation(conv) {
+  resetConversation();
+  state.conversationId = conv.id;
+  els.system.value = conv.system_prompt ?? "";
+  updateSystemSummary();
+  els.title.textContent = conv.title || "Untitled";
+  historyList.setActive(conv.id);
+  for (const m of conv.messages ?? []) {
+    if (m.role === "system") continue;
+    if (m.role === "user") {
+      transcript.addUser(m.content);
+      state.messages.push({ role: "user", content: m.content });
+      continue;
+    }
+    const texts = m.samples?.length ? m.samples : [m.content];
+    const view = transcript.addReply(texts.length);
+    const chosen = Math.max(0, texts.indexOf(m.content));
+    view.markChosen(chosen);
+    view.finish({ texts, finishReasons: texts.map((_t, i) => (i === chosen ? m.finish_reason : null)),
+      usage: m.usage, timing: m.timing });
+    const turn = { ...m, role: "assistant" };
+    state.messages.push(turn);
+    replyTurns.set(view, turn);
+  }
+  transcript.setRegenerable(true);
+  updateEmptyState();
+  $("transcript").scrollTop = $("transcript").scrollHeight;
+}
+
+async function openConversation(id, { push }) {
+  els.app.classList.remove("show-history");
+  try {
+    const conv = await api.get(id);
+    showConversation(conv);
+    if (push) window.history.pushState({ id }, "", `/c/${id}/`);
+  } catch (err) {
+    showError(`Could not open that conversation (${err.message}).`);
+  }
+}
+
+async function deleteConversation(id) {
+  if (!window.confirm("Delete this conversation?")) return;
+  try {
+    await api.remove(id);
+  } catch (err) {
+    showError(`Could not delete it (${err.message}).`);
+    return;
+  }
+  if (id === state.conversationId) {
+    resetConversation();
+    window.history.pushState({}, "", "/");
+  }
+  refreshHistory();
+}
+
+// ---------------------------------------------------------------- wiring
+
+function togglePanel(name) {
+  const cls = `show-${name}`;
+  const open = !els.app.classList.contains(cls);
+  els.app.classList.remove("show-history", "show-settings");
+  els.app.classList.toggle(cls, open);
+  document.querySelector(`.toggle-${name}`).setAttribute("aria-expanded", String(open));
+}
+
+function wire() {
+  els.composer.addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  els.prompt.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      send();
+    }
+  });
+  els.prompt.addEventListener("input", autoGrow);
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && state.active) stop();
+  });
+  els.stop.addEventListener("click", stop);
+  $("new-chat").addEventListener("click", () => {
+    resetConversation();
+    window.history.pushState({}, "", "/");
+    els.app.classList.remove("show-history");
+    els.prompt.focus();
+  });
+  $("reset-params").addEventListener("click", () => paramsForm.reset());
+  els.markdown.addEventListener("change", () => transcript.setMarkdown(els.markdown.checked));
+  els.system.addEventListener("input", updateSystemSummary);
+  document.querySelector(".toggle-history").addEventListener("click", () => togglePanel("history"));
+  document.querySelector(".toggle-settings").addEventListener("click", () => togglePanel("settings"));
+  $("scrim").addEventListener("click", () => els.app.classList.remove("show-history", "show-settings"));
+  window.addEventListener("popstate", () => {
+    const match = window.location.pathname.match(/^\/c\/([^/]+)\/$/);
+    if (match) openConversation(decodeURIComponent(match[1]), { push: false });
+    else resetConversation();
+  });
+}
+
+function init() {
+  wire();
+  updateSystemSummary();
+  if (config.conversation) showConversation(config.conversation);
+  updateEmptyState();
+  setBusy(false);
+  socket.connect();
+  refreshHistory();
+  els.prompt.focus();
+}
+
+init();

@@ -1,0 +1,164 @@
+/**
+ * Sampling controls: one declarative list of parameters builds the form, validates it and reads it back,
+ * so adding a parameter is one line here. Limits mirror inference/sampling_params.py and the server caps
+ * in `chat_config.limits`; the server validates again and answers an `error` event, but checking here lets
+ * the user fix a field before anything is sent. The last valid values are remembered in localStorage.
+ */
+
+const STORAGE_KEY = "paged-playground.params.v1";
+
+/**
+ * kind "range": slider plus number box; "int": number box; "optional-int": blank means unset (null);
+ * "lines": textarea, one string per non-empty line. `limit` names the server cap that replaces `max`.
+ */
+const PARAM_SPECS = [
+  { name: "temperature", label: "Temperature", kind: "range", min: 0, max: 2, step: 0.05, value: 0.7,
+    help: "0 is greedy decoding" },
+  { name: "top_p", label: "Top p", kind: "range", min: 0.01, max: 1, step: 0.01, value: 1 },
+  { name: "top_k", label: "Top k", kind: "int", min: 0, max: 1000, value: 0, help: "0 turns it off" },
+  { name: "max_tokens", label: "Max tokens", kind: "int", min: 1, max: 2048, value: 256, limit: "max_tokens" },
+  { name: "presence_penalty", label: "Presence penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
+  { name: "frequency_penalty", label: "Frequency penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
+  { name: "repetition_penalty", label: "Repetition penalty", kind: "range", min: 0.5, max: 2, step: 0.05,
+    value: 1 },
+  { name: "n", label: "Samples (n)", kind: "int", min: 1, max: 4, value: 1, limit: "max_n",
+    help: "shown side by side" },
+  { name: "seed", label: "Seed", kind: "optional-int", min: 0, max: 2 ** 31 - 1, value: null,
+    help: "blank for a random seed" },
+  { name: "stop", label: "Stop sequences", kind: "lines", max: 4, limit: "max_stop", value: [],
+    help: "one per line; write \\n for a newline" },
+];
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function field(spec) {
+  const wrap = el("label", `param param-${spec.kind}`);
+  wrap.append(el("span", "param-label", spec.label));
+  if (spec.kind === "lines") {
+    const area = el("textarea");
+    area.name = spec.name;
+    area.rows = 2;
+    wrap.append(area);
+  } else {
+    const row = el("span", "param-inputs");
+    if (spec.kind === "range") {
+      const slider = el("input");
+      Object.assign(slider, { type: "range", min: spec.min, max: spec.max, step: spec.step, tabIndex: -1 });
+      slider.dataset.mirror = spec.name;
+      slider.setAttribute("aria-hidden", "true");
+      row.append(slider);
+    }
+    const box = el("input");
+    Object.assign(box, { type: "number", name: spec.name, min: spec.min, max: spec.max, step: spec.step ?? 1 });
+    if (spec.kind === "optional-int") box.placeholder = "random";
+    row.append(box);
+    wrap.append(row);
+  }
+  if (spec.help) wrap.append(el("span", "param-help", spec.help));
+  const error = el("span", "param-error");
+  error.dataset.errorFor = spec.name;
+  wrap.append(error);
+  return wrap;
+}
+
+/** Parse one field's raw text; returns {value} or {error}. */
+function parse(spec, raw) {
+  if (spec.kind === "lines") {
+    const lines = raw.split("\n").filter((s) => s.length > 0).map((s) => s.replace(/\\n/g, "\n"));
+    return lines.length > spec.max ? { error: `at most ${spec.max}` } : { value: lines };
+  }
+  const text = raw.trim();
+  if (text === "") return spec.kind === "optional-int" ? { value: null } : { error: "is required" };
+  const value = Number(text);
+  if (!Number.isFinite(value)) return { error: "is not a number" };
+  if (spec.kind !== "range" && !Number.isInteger(value)) return { error: "must be a whole number" };
+  if (value < spec.min || value > spec.max) return { error: `must be between ${spec.min} and ${spec.max}` };
+  return { value };
+}
+
+function loadSaved() {
+  try {
+    return JSON.parse(localStorage.getItem(STORAGE_KEY)) ?? {};
+  } catch {
+    return {};
+  }
+}
+
+export class ParamsForm {
+  /**
+   * Build the controls into `form` and restore the last values.
+   * @param {HTMLFormElement} form
+   * @param {{defaults?: object, limits?: object}} server  `sampling_defaults` and `limits` of chat_config
+   */
+  constructor(form, { defaults = {}, limits = {} } = {}) {
+    this.form = form;
+    this.specs = PARAM_SPECS.map((spec) => ({
+      ...spec,
+      max: spec.limit && Number.isFinite(limits[spec.limit]) ? limits[spec.limit] : spec.max,
+      value: spec.name in defaults ? defaults[spec.name] : spec.value,
+    }));
+    const saved = loadSaved();
+    for (const spec of this.specs) {
+      form.append(field(spec));
+      this.setValue(spec, spec.name in saved ? saved[spec.name] : spec.value);
+    }
+    form.addEventListener("input", (event) => this.onInput(event));
+    form.addEventListener("submit", (event) => event.preventDefault());
+  }
+
+  setValue(spec, value) {
+    const input = this.form.elements[spec.name];
+    if (spec.kind === "lines") {
+      const lines = typeof value === "string" ? [value] : value ?? [];
+      input.value = lines.map((s) => s.replace(/\n/g, "\\n")).join("\n");
+    } else {
+      input.value = value === null || value === undefined ? "" : String(value);
+    }
+    const slider = this.form.querySelector(`[data-mirror="${spec.name}"]`);
+    if (slider && input.value !== "") slider.value = input.value;
+  }
+
+  onInput(event) {
+    const mirror = event.target.dataset.mirror;
+    if (mirror) this.form.elements[mirror].value = event.target.value;
+    else {
+      const slider = this.form.querySelector(`[data-mirror="${event.target.name}"]`);
+      if (slider) slider.value = event.target.value;
+    }
+    const { params, errors } = this.read();
+    if (Object.keys(errors).length === 0) {
+      const stored = Object.fromEntries(this.specs.map((s) => [s.name, params[s.name] ?? null]));
+      localStorage.setItem(STORAGE_KEY, JSON.stringify(stored));
+    }
+  }
+
+  /**
+   * Read and validate every field, marking the bad ones: `{params, errors}`; errors maps a field name to a
+   * message. Unset fields (blank seed, no stop sequences) are left out of params.
+   */
+  read() {
+    const params = {};
+    const errors = {};
+    for (const spec of this.specs) {
+      const input = this.form.elements[spec.name];
+      const { value, error } = parse(spec, input.value);
+      this.form.querySelector(`[data-error-for="${spec.name}"]`).textContent = error ?? "";
+      input.toggleAttribute("aria-invalid", Boolean(error));
+      if (error) errors[spec.name] = error;
+      else if (value !== null && !(Array.isArray(value) && value.length === 0)) params[spec.name] = value;
+    }
+    return { params, errors };
+  }
+
+  /** Put every control back to its default and forget the saved values. */
+  reset() {
+    for (const spec of this.specs) this.setValue(spec, spec.value);
+    localStorage.removeItem(STORAGE_KEY);
+    this.read();
+  }
+}

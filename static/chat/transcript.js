@@ -1,0 +1,224 @@
+/**
+ * The message list: user turns, and assistant replies whose n samples sit side by side with their stats.
+ *
+ * Every piece of model or user text reaches the page through renderInto() (Markdown built from DOM nodes, or
+ * textContent), never through innerHTML, so a reply that contains `<script>` is shown, not run.
+ */
+
+import { renderInto } from "../common/markdown.js";
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function button(label, className, onClick, title) {
+  const b = el("button", `btn btn-link btn-small ${className}`, label);
+  b.type = "button";
+  if (title) b.title = title;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+const FINISH_LABELS = { stop: "stopped", length: "length limit", abort: "cancelled", error: "error" };
+
+/** One stat as `label value`, marked with data-stat so tests and styles can find it. */
+function stat(name, label, value) {
+  const item = el("span", "stat");
+  item.dataset.stat = name;
+  item.append(el("span", "stat-label", label), el("span", "stat-value", value));
+  return item;
+}
+
+function formatMs(ms) {
+  if (ms === null || ms === undefined) return "–";
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${Math.round(ms)} ms`;
+}
+
+function formatRate(rate) {
+  return rate === null || rate === undefined ? "–" : `${rate.toFixed(1)} tok/s`;
+}
+
+/** An assistant reply: n samples, a stats line and actions. */
+export class ReplyView {
+  /**
+   * @param {{n: number, markdown: boolean, onChoose: (view: ReplyView, index: number) => void,
+   *          onRegenerate: () => void}} options
+   */
+  constructor({ n, markdown, onChoose, onRegenerate }) {
+    this.markdown = markdown;
+    this.texts = Array.from({ length: n }, () => "");
+    this.chosen = 0;
+    this.pending = new Set();
+    this.frame = null;
+    this.el = el("article", "msg msg-assistant");
+    this.el.dataset.state = "streaming";
+    this.samplesEl = el("div", "samples");
+    this.samplesEl.style.setProperty("--n", String(n));
+    this.samplesEl.classList.toggle("multi", n > 1);
+    this.bodies = [];
+    this.finishBadges = [];
+    this.useButtons = [];
+    for (let i = 0; i < n; i += 1) {
+      const sample = el("section", "sample");
+      sample.dataset.index = String(i);
+      const badge = el("span", "finish-badge");
+      this.finishBadges.push(badge);
+      const body = el("div", "msg-body");
+      body.append(el("span", "typing", "…"));
+      this.bodies.push(body);
+      if (n > 1) {
+        const head = el("div", "sample-head");
+        const use = button("Continue with this", "use", () => onChoose(this, i),
+          "Use this sample as the assistant turn of the conversation");
+        this.useButtons.push(use);
+        head.append(el("span", "sample-name", `Sample ${i + 1}`), badge, this.copyButton(i), use);
+        sample.append(head);
+      }
+      sample.append(body);
+      this.samplesEl.append(sample);
+    }
+    this.meta = el("div", "reply-meta");
+    this.notice = el("p", "reply-notice");
+    this.notice.hidden = true;
+    this.actions = el("div", "reply-actions");
+    this.regenerate = button("↻ Regenerate", "regenerate", onRegenerate, "Sample this reply again");
+    this.actions.append(this.regenerate);
+    if (n === 1) this.actions.append(this.copyButton(0));
+    this.el.append(this.samplesEl, this.notice, this.meta, this.actions);
+    this.markChosen(0);
+  }
+
+  copyButton(index) {
+    return button("Copy", "copy", () => navigator.clipboard?.writeText(this.texts[index]), "Copy the text");
+  }
+
+  /** Replace sample `index`'s text; rendering is batched to one pass per animation frame. */
+  setText(index, text) {
+    this.texts[index] = text;
+    this.pending.add(index);
+    if (this.frame === null) {
+      this.frame = requestAnimationFrame(() => this.flush());
+    }
+  }
+
+  /** Render pending samples now (also called when the stream ends, so the final text never waits). */
+  flush() {
+    if (this.frame !== null) cancelAnimationFrame(this.frame);
+    this.frame = null;
+    for (const i of this.pending) renderInto(this.bodies[i], this.texts[i], { markdown: this.markdown });
+    this.pending.clear();
+  }
+
+  setMarkdown(markdown) {
+    this.markdown = markdown;
+    this.texts.forEach((_t, i) => this.pending.add(i));
+    this.flush();
+  }
+
+  markChosen(index) {
+    this.chosen = index;
+    [...this.samplesEl.children].forEach((s, i) => s.classList.toggle("chosen", i === index));
+    this.useButtons.forEach((b, i) => { b.hidden = i === index; });
+  }
+
+  /** Show the final texts, finish reasons and stats of a finished stream (or a saved reply). */
+  finish({ texts, finishReasons, usage, timing, gaps = 0 }) {
+    texts.forEach((t, i) => this.setText(i, t));
+    this.flush();
+    this.el.dataset.state = "done";
+    finishReasons.forEach((reason, i) => {
+      this.finishBadges[i].textContent = reason ? FINISH_LABELS[reason] ?? reason : "";
+      this.finishBadges[i].dataset.reason = reason ?? "";
+    });
+    const items = [];
+    if (usage) {
+      items.push(
+        stat("prompt_tokens", "prompt", String(usage.prompt_tokens ?? "–")),
+        stat("completion_tokens", "completion", String(usage.completion_tokens ?? "–")),
+        stat("cached_tokens", "cached prefix", String(usage.cached_tokens ?? "–")),
+      );
+    }
+    if (timing) {
+      items.push(stat("ttft", "TTFT", formatMs(timing.ttft_ms)), stat("tokens_per_s", "", formatRate(timing.tokens_per_s)));
+    }
+    if (finishReasons.length === 1 && finishReasons[0]) {
+      items.push(stat("finish_reason", "finish", finishReasons[0]));
+    }
+    this.meta.replaceChildren(...items);
+    if (gaps > 0) this.showNotice(`${gaps} streamed update(s) were lost in transit; the final text above is complete.`);
+  }
+
+  /** The generation failed: keep the partial text and say why. */
+  fail(message) {
+    this.flush();
+    this.el.dataset.state = "error";
+    this.bodies.forEach((body, i) => {
+      if (this.texts[i] === "") body.replaceChildren();
+    });
+    this.showNotice(message, true);
+  }
+
+  showNotice(message, isError = false) {
+    this.notice.textContent = message;
+    this.notice.classList.toggle("error", isError);
+    this.notice.hidden = false;
+  }
+
+  /** Only the last reply can be regenerated, and only while nothing is streaming. */
+  setRegenerable(enabled) {
+    this.regenerate.hidden = !enabled;
+  }
+}
+
+/** The list of turns of the open conversation. */
+export class Transcript {
+  /**
+   * @param {HTMLElement} container
+   * @param {{onChoose: (view: ReplyView, index: number) => void, onRegenerate: () => void}} handlers
+   */
+  constructor(container, handlers) {
+    this.container = container;
+    this.handlers = handlers;
+    this.markdown = true;
+    this.replies = [];
+  }
+
+  clear() {
+    this.container.replaceChildren();
+    this.replies = [];
+  }
+
+  /** Returns the element, so the caller can remove it again (regenerate drops the last reply). */
+  addUser(text) {
+    const msg = el("article", "msg msg-user");
+    const body = el("div", "msg-body plain", text);
+    msg.append(body);
+    this.container.append(msg);
+    return msg;
+  }
+
+  addReply(n) {
+    const view = new ReplyView({ n, markdown: this.markdown, ...this.handlers });
+    this.replies.push(view);
+    this.container.append(view.el);
+    return view;
+  }
+
+  removeReply(view) {
+    view.el.remove();
+    this.replies = this.replies.filter((r) => r !== view);
+  }
+
+  setMarkdown(markdown) {
+    this.markdown = markdown;
+    this.replies.forEach((r) => r.setMarkdown(markdown));
+  }
+
+  /** Show the regenerate action on the last reply only, and only when `enabled`. */
+  setRegenerable(enabled) {
+    this.replies.forEach((r, i) => r.setRegenerable(enabled && i === this.replies.length - 1));
+  }
+}
