@@ -34,26 +34,29 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float) -> Tensor:
+                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
     """One query token per sequence attending to its first ``context_lens[s]`` cached tokens.
 
     ``query: [num_seqs, num_heads, head_dim]``; query head h reads KV head ``h // (num_heads // kv_heads)``.
-    A sequence with context length 0 gets a zero output (useful for padded batches).
+    A sequence with context length 0 gets a zero output (useful for padded batches). The result is written
+    into ``out`` when given (same shape and dtype as ``query``) and returned.
     """
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, query.shape[0])
+    out = validation.output_for(query, out)
     mask = _positions(key_cache, context_lens)[None, None, :] < context_lens.long()[:, None, None]
-    out = _attend(query[:, None], key_cache, value_cache, block_tables, context_lens, mask, scale)
-    return out[:, 0]
+    out.copy_(_attend(query[:, None], key_cache, value_cache, block_tables, context_lens, mask, scale)[:, 0])
+    return out
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                            context_lens: Tensor, query_start_loc: Tensor, scale: float) -> Tensor:
+                            context_lens: Tensor, query_start_loc: Tensor, scale: float,
+                            out: Tensor | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Sequence s owns query rows ``query_start_loc[s]:query_start_loc[s+1]``; ``context_lens[s]`` counts all its
     cached tokens including these new ones, so new token i sits at position ``context_lens[s] - q_len + i``
     and attends to positions ``0..that position``. Sequences with one new token take the decode path, so a
-    mixed decode + prefill batch is not padded to its longest prompt.
+    mixed decode + prefill batch is not padded to its longest prompt. Writes into ``out`` when given.
     """
     num_seqs = block_tables.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
@@ -64,7 +67,7 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
         raise ValueError("query_start_loc must be non-decreasing, end at num_tokens, and give each sequence "
                          "at most context_lens[s] new tokens")
 
-    out = torch.empty_like(query)
+    out = validation.output_for(query, out)
     single = (q_lens == 1).nonzero()[:, 0]
     if single.numel():
         rows = starts[single]
@@ -121,14 +124,17 @@ def _gather(cache: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor
     """The blocks covering each sequence's context, as ``[S, num_blocks * block_size, kv_heads, D]``.
 
     Only the blocks the longest context needs are read; table entries past a sequence's own context are
-    padding (possibly garbage) and are replaced by block 0 so they never index out of range.
+    padding (possibly garbage) and are replaced by block 0 so they never index out of range. Slots past the
+    context are zeroed: they may hold anything (even NaN), and a masked score still multiplies its value.
     """
     block_size = cache.shape[1]
     num_blocks = max(1, -(-int(context_lens.max()) // block_size)) if context_lens.numel() else 1
     needed = torch.arange(num_blocks, device=cache.device) * block_size < context_lens.long()[:, None]
     table = torch.where(needed, block_tables[:, :num_blocks].long(), 0)
-    gathered = cache.index_select(0, table.flatten())
-    return gathered.view(table.shape[0], num_blocks * block_size, *cache.shape[2:])
+    gathered = cache.index_select(0, table.flatten()).view(table.shape[0], num_blocks * block_size,
+                                                            *cache.shape[2:])
+    in_context = torch.arange(num_blocks * block_size, device=cache.device) < context_lens.long()[:, None]
+    return gathered.masked_fill(~in_context[:, :, None, None], 0)
 
 
 def _positions(key_cache: Tensor, context_lens: Tensor) -> Tensor:

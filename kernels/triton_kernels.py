@@ -26,7 +26,7 @@ PARTITION_SIZE = 512
 _LOG2E = 1.4426950408889634
 #: Triton's interpreter multiplies bfloat16 tiles as their raw uint16 bits, so there the attention dots run on
 #: float32 copies (exact for bfloat16 inputs). Read at import, when ``triton.jit`` also reads it.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -48,8 +48,8 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float) -> Tensor:
-    """One query token per sequence attending to its first ``context_lens[s]`` cached tokens.
+                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+    """One query token per sequence attending to its first ``context_lens[s]`` cached tokens (into ``out``).
 
     The partition count comes from the block-table width (no device sync): programs whose partition lies past
     their own sequence's context exit at once, and the merge only reads the partitions a sequence used.
@@ -57,7 +57,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     _check_attention_inputs(query, key_cache, value_cache, block_tables, context_lens, block_tables.shape[0])
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    out = validation.output_for(query, out)
     if num_seqs == 0:
         return out
     group = num_heads // kv_heads
@@ -90,7 +90,8 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                            context_lens: Tensor, query_start_loc: Tensor, scale: float) -> Tensor:
+                            context_lens: Tensor, query_start_loc: Tensor, scale: float,
+                            out: Tensor | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Semantics as ``kernels.reference.paged_attention_prefill``. The grid has ``num_tokens // BLOCK_Q +
@@ -102,7 +103,7 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     validation.check_query_start_loc(query_start_loc, num_seqs)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    out = validation.output_for(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // kv_heads
@@ -157,7 +158,7 @@ def _check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tenso
 
 
 def _dot_in_fp32(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 or (_INTERPRETED and dtype == torch.bfloat16)
+    return dtype == torch.float32 or (INTERPRETED and dtype == torch.bfloat16)
 
 
 def _check_last_dim_contiguous(**tensors: Tensor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -33,6 +34,18 @@ def check_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
         raise ValueError(f"block_tables must be [{num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
     if context_lens.shape != (num_seqs,):
         raise ValueError(f"context_lens must be [{num_seqs}], got {tuple(context_lens.shape)}")
+
+
+def output_for(query: Tensor, out: Tensor | None) -> Tensor:
+    """``out`` checked to match ``query`` (shape, dtype, device, contiguous), or a fresh tensor like it."""
+    if out is None:
+        return torch.empty_like(query, memory_format=torch.contiguous_format)
+    if out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+        raise ValueError(f"out must match query: {tuple(query.shape)} {query.dtype} on {query.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    return out
 
 
 def check_query_start_loc(query_start_loc: Tensor, num_seqs: int) -> None:

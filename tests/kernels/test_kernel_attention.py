@@ -1,0 +1,126 @@
+"""Paged decode and prefill attention: Triton (interpreted on CPU) vs the torch reference vs float64 dense."""
+
+from __future__ import annotations
+
+import itertools
+from types import ModuleType
+
+import pytest
+import torch
+
+from kernel_cases import PagedCase, assert_close_to, build_case, dense_attention, poisoned_like
+from kernels import reference
+
+HEADS = {1: (2, 2), 3: (6, 2), 8: (8, 1)}  # GQA ratio -> (query heads, kv heads)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# (block_size, gqa ratio, head_dim, dtype): the default run covers every value once; the sweep crosses them.
+FAST = [(16, 3, 64, "fp32"), (8, 1, 128, "fp16"), (32, 8, 64, "bf16")]
+SWEEP = [c for c in itertools.product([8, 16, 32], [1, 3, 8], [64, 128], DTYPES) if c not in FAST]
+MATRIX = [pytest.param(*c, id="-".join(map(str, c))) for c in FAST] + [
+    pytest.param(*c, id="-".join(map(str, c)), marks=pytest.mark.slow) for c in SWEEP]
+
+
+def context_lengths(block_size: int) -> list[int]:
+    """1, block-1, block, block+1 and several blocks: every way a context can end inside its last block."""
+    return [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 5]
+
+
+def make_case(block_size: int, ratio: int, head_dim: int, dtype: str, query_lens: list[int] | None,
+              device: torch.device, context_lens: list[int] | None = None) -> PagedCase:
+    num_heads, kv_heads = HEADS[ratio]
+    contexts = context_lens or context_lengths(block_size)
+    return build_case(block_size=block_size, num_heads=num_heads, kv_heads=kv_heads, head_dim=head_dim,
+                      dtype=DTYPES[dtype], context_lens=contexts, query_lens=query_lens or [1] * len(contexts),
+                      seed=block_size * 1000 + ratio * 100 + head_dim + len(dtype), device=device)
+
+
+def run_decode(ops: ModuleType, case: PagedCase) -> torch.Tensor:
+    out = poisoned_like(case.query)
+    result = ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                        case.context_lens, case.scale, out=out)
+    assert result is out
+    return out
+
+
+def run_prefill(ops: ModuleType, case: PagedCase) -> torch.Tensor:
+    out = poisoned_like(case.query)
+    result = ops.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                         case.context_lens, case.query_start_loc, case.scale, out=out)
+    assert result is out
+    return out
+
+
+def check_both(case: PagedCase, triton_out: torch.Tensor, reference_out: torch.Tensor) -> None:
+    dtype = case.query.dtype
+    expected = dense_attention(case)
+    assert_close_to(reference_out, expected, dtype)
+    assert_close_to(triton_out, expected, dtype)
+    assert_close_to(triton_out, reference_out, dtype)
+
+
+@pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX)
+def test_decode_matches_reference_and_dense(triton_ops, device, block_size, ratio, head_dim, dtype):
+    case = make_case(block_size, ratio, head_dim, dtype, None, device)
+    check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
+
+
+@pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX)
+def test_prefill_matches_reference_and_dense(triton_ops, device, block_size, ratio, head_dim, dtype):
+    # Per sequence: a decode step, a whole prompt, an extend after a prefix-cache hit, a prompt one past a
+    # block, a chunk after an earlier chunk (long enough to span several query tiles), and one with no new
+    # tokens this step.
+    contexts = context_lengths(block_size) + [5]
+    query_lens = [1, block_size - 1, 3, block_size + 1, 2 * block_size + 3, 0]
+    case = make_case(block_size, ratio, head_dim, dtype, query_lens, device, contexts)
+    check_both(case, run_prefill(triton_ops, case), run_prefill(reference, case))
+
+
+def test_decode_split_partitions_merge(triton_ops, device, monkeypatch):
+    """With 32-token partitions, sequences use 0..5 of them; the log-sum-exp merge must equal one pass."""
+    monkeypatch.setattr(triton_ops, "PARTITION_SIZE", 32)
+    contexts = [0, 1, 31, 32, 33, 64, 100, 150]
+    case = make_case(16, 3, 64, "fp32", None, device, contexts)
+    check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
+
+
+def test_decode_long_context_default_partitions(triton_ops, device):
+    case = make_case(16, 8, 64, "fp16", None, device, [1100, 7])
+    check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
+
+
+def test_prefill_single_token_rows_equal_decode(triton_ops, device):
+    """q_len 1 everywhere: the prefill kernel must agree with the decode kernel on the same batch."""
+    case = make_case(16, 3, 64, "fp32", None, device)
+    assert_close_to(run_prefill(triton_ops, case), run_decode(triton_ops, case), torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_strided_query_view(triton_ops, device, backend):
+    """The engine hands in query as a view of a fused QKV projection; strides must be honoured."""
+    ops = triton_ops if backend == "triton" else reference
+    case = make_case(8, 3, 64, "fp32", [1, 7, 1, 9, 20], device)
+    tokens, heads, dim = case.query.shape
+    fused = torch.randn(tokens, heads * dim + 2 * dim, dtype=case.query.dtype, device=device)
+    fused[:, :heads * dim] = case.query.reshape(tokens, -1)
+    case.query = fused[:, :heads * dim].view(tokens, heads, dim)
+    assert not case.query.is_contiguous()
+    assert_close_to(run_prefill(ops, case), dense_attention(case), torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bad_shapes_are_rejected(triton_ops, device, backend):
+    ops = triton_ops if backend == "triton" else reference
+    case = make_case(8, 3, 64, "fp32", None, device)
+    with pytest.raises(ValueError, match="query"):
+        ops.paged_attention_decode(case.query[:, :5], case.key_cache, case.value_cache, case.block_tables,
+                                   case.context_lens, case.scale)
+    with pytest.raises(ValueError, match="context_lens"):
+        ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                   case.context_lens[:-1], case.scale)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        ops.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                    case.context_lens, case.query_start_loc[:-1], case.scale)
+    with pytest.raises(ValueError, match="out"):
+        ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                   case.context_lens, case.scale, out=case.query[:2])
