@@ -9,7 +9,8 @@ const STORAGE_KEY = "paged-playground.params.v1";
 
 /**
  * kind "range": slider plus number box; "int": number box; "optional-int": blank means unset (null);
- * "lines": textarea, one string per non-empty line. `limit` names the server cap that replaces `max`.
+ * "lines": textarea, one string per non-empty line. `limit` names the server cap that replaces `max`;
+ * `advanced` fields sit in a collapsed "More options" group so the KV panel below stays in view.
  */
 const PARAM_SPECS = [
   { name: "temperature", label: "Temperature", kind: "range", min: 0, max: 2, step: 0.05, value: 0.7,
@@ -17,15 +18,15 @@ const PARAM_SPECS = [
   { name: "top_p", label: "Top p", kind: "range", min: 0.01, max: 1, step: 0.01, value: 1 },
   { name: "top_k", label: "Top k", kind: "int", min: 0, max: 1000, value: 0, help: "0 turns it off" },
   { name: "max_tokens", label: "Max tokens", kind: "int", min: 1, max: 2048, value: 256, limit: "max_tokens" },
-  { name: "presence_penalty", label: "Presence penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
-  { name: "frequency_penalty", label: "Frequency penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
-  { name: "repetition_penalty", label: "Repetition penalty", kind: "range", min: 0.5, max: 2, step: 0.05,
+  { name: "presence_penalty", advanced: true, label: "Presence penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
+  { name: "frequency_penalty", advanced: true, label: "Frequency penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0 },
+  { name: "repetition_penalty", advanced: true, label: "Repetition penalty", kind: "range", min: 0.5, max: 2, step: 0.05,
     value: 1 },
   { name: "n", label: "Samples (n)", kind: "int", min: 1, max: 4, value: 1, limit: "max_n",
     help: "shown side by side" },
-  { name: "seed", label: "Seed", kind: "optional-int", min: 0, max: 2 ** 31 - 1, value: null,
+  { name: "seed", advanced: true, label: "Seed", kind: "optional-int", min: 0, max: 2 ** 31 - 1, value: null,
     help: "blank for a random seed" },
-  { name: "stop", label: "Stop sequences", kind: "lines", max: 4, limit: "max_stop", value: [],
+  { name: "stop", advanced: true, label: "Stop sequences", kind: "lines", max: 4, limit: "max_stop", value: [],
     help: "one per line; write \\n for a newline" },
 ];
 
@@ -102,9 +103,14 @@ export class ParamsForm {
       max: spec.limit && Number.isFinite(limits[spec.limit]) ? limits[spec.limit] : spec.max,
       value: spec.name in defaults ? defaults[spec.name] : spec.value,
     }));
+    const basic = el("div", "params-grid");
+    const more = el("details", "params-more");
+    const moreGrid = el("div", "params-grid");
+    more.append(el("summary", "", "More options"), moreGrid);
+    form.append(basic, more);
     const saved = loadSaved();
     for (const spec of this.specs) {
-      form.append(field(spec));
+      (spec.advanced ? moreGrid : basic).append(field(spec));
       this.setValue(spec, spec.name in saved ? saved[spec.name] : spec.value);
     }
     form.addEventListener("input", (event) => this.onInput(event));
@@ -149,7 +155,10 @@ export class ParamsForm {
       const { value, error } = parse(spec, input.value);
       this.form.querySelector(`[data-error-for="${spec.name}"]`).textContent = error ?? "";
       input.toggleAttribute("aria-invalid", Boolean(error));
-      if (error) errors[spec.name] = error;
+      if (error) {
+        errors[spec.name] = error;
+        input.closest("details")?.setAttribute("open", "");
+      }
       else if (value !== null && !(Array.isArray(value) && value.length === 0)) params[spec.name] = value;
     }
     return { params, errors };
