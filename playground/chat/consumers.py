@@ -120,7 +120,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         except Exception:
             logger.exception("could not save the reply of %s", request_id)
         await self.send_json(
-            {"type": "done", "request_id": request_id, "conversation_id": str(pending.conversation_id), **done}
+            {
+                "type": "done",
+                "request_id": request_id,
+                "conversation_id": str(pending.conversation_id),
+                "worker": event["worker"],
+                **done,
+            }
         )
 
     async def gen_error(self, event: dict[str, Any]) -> None:

@@ -1,0 +1,68 @@
+"""Settings from the environment: database URLs, booleans, and the refusal of the dev key without DEBUG."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from playground.envconfig import database_from_url, env_bool, env_int
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_default_database_is_sqlite(tmp_path):
+    assert database_from_url(None, tmp_path / "x.db") == {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(tmp_path / "x.db"),
+    }
+
+
+def test_sqlite_urls():
+    assert database_from_url("sqlite:////abs/path.db", Path("d"))["NAME"] == "/abs/path.db"
+    assert database_from_url("sqlite:///rel.db", Path("d"))["NAME"] == "rel.db"
+
+
+def test_postgres_url():
+    db = database_from_url("postgres://bob:p%40ss@db.example:5433/play", Path("unused"))
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
+        "play", "bob", "p@ss", "db.example", "5433",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host/"])
+def test_bad_database_urls(url):
+    with pytest.raises(ImproperlyConfigured):
+        database_from_url(url, Path("unused"))
+
+
+def test_env_bool_and_int(monkeypatch):
+    monkeypatch.setenv("PG_TEST_FLAG", "off")
+    assert env_bool("PG_TEST_FLAG", True) is False
+    monkeypatch.setenv("PG_TEST_FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="PG_TEST_FLAG"):
+        env_bool("PG_TEST_FLAG", True)
+    monkeypatch.setenv("PG_TEST_INT", "0")
+    with pytest.raises(ImproperlyConfigured, match="at least 1"):
+        env_int("PG_TEST_INT", 5, minimum=1)
+    monkeypatch.delenv("PG_TEST_INT")
+    assert env_int("PG_TEST_INT", 5) == 5
+
+
+def _load_settings(**env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", "import playground.settings"],
+        cwd=REPO, env=environ, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_dev_secret_key_refused_without_debug():
+    refused = _load_settings(DEBUG="0")
+    assert refused.returncode != 0
+    assert "set SECRET_KEY" in refused.stderr
+    assert _load_settings(DEBUG="0", SECRET_KEY="a-real-secret").returncode == 0
+    assert _load_settings().returncode == 0  # DEBUG defaults on for the embedded developer run
