@@ -23,8 +23,12 @@ class EngineUnavailable(RuntimeError):
 
 
 class EngineService:
-    def __init__(self, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, engine_kwargs: dict[str, Any], engine_factory: Callable[..., StreamingEngine] | None = None
+    ) -> None:
+        """`engine_factory` builds the engine from the kwargs; `inference.StreamingEngine` unless given."""
         self._kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+        self._factory = engine_factory
         self._engine: StreamingEngine | None = None
         self._error: str | None = None
         self._loaded = threading.Event()
@@ -33,9 +37,11 @@ class EngineService:
     def load(self) -> None:
         """Build and start the engine (slow: loads the model). Run it off any thread Celery watches."""
         try:
-            from inference import StreamingEngine
+            if self._factory is None:
+                from inference import StreamingEngine
 
-            engine = StreamingEngine(**self._kwargs)
+                self._factory = StreamingEngine
+            engine = self._factory(**self._kwargs)
             engine.start()
             self._engine = engine
             logger.info("engine ready: %s", self._kwargs)

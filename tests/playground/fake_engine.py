@@ -1,0 +1,83 @@
+"""A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
+model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart,
+and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
+"""
+import queue
+import threading
+import time
+
+from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
+from inference.sampling_params import SamplingParams
+from inference.sequence import RequestMetrics
+
+
+class FakeStream:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.final: RequestOutput | None = None
+        self.error: str | None = None
+        self._queue: queue.Queue = queue.Queue()
+
+    def get(self, timeout: float | None = None) -> StreamDelta | None:
+        return self._queue.get(timeout=timeout)
+
+
+class FakeStreamingEngine:
+    def __init__(self, delay: float = 0.005, **engine_kwargs) -> None:
+        self.delay = delay
+        self.live: dict[str, threading.Event] = {}
+        self.aborted: list[str] = []
+        self.requests: list[dict] = []
+
+    def start(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        for stop in list(self.live.values()):
+            stop.set()
+
+    def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None):
+        last = messages[-1]["content"]
+        if last.startswith("REJECT"):
+            raise ValueError("prompt is longer than max_model_len (fake engine)")
+        self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params})
+        stream = FakeStream(request_id)
+        stop = self.live[request_id] = threading.Event()
+        replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
+        full = [len(f"echo{i}: {last}") for i in range(sampling_params.n)]
+        threading.Thread(target=self._run, args=(stream, stop, replies, full, len(last)), daemon=True).start()
+        return stream
+
+    def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int):
+        metrics = RequestMetrics(arrival_time=time.perf_counter())
+        emitted = [0] * len(replies)
+        reason = None
+        while reason is None:
+            if stop.wait(self.delay):
+                reason = "abort"
+                break
+            if metrics.first_token_time is None:
+                metrics.first_token_time = time.perf_counter()
+            for i, reply in enumerate(replies):
+                if emitted[i] < len(reply):
+                    stream._queue.put(StreamDelta(stream.request_id, i, reply[emitted[i]], [emitted[i]]))
+                    emitted[i] += 1
+            if all(e == len(r) for e, r in zip(emitted, replies)):
+                reason = "done"
+        metrics.finished_time = time.perf_counter()
+        outputs = []
+        for i, reply in enumerate(replies):
+            finish = "abort" if reason == "abort" else ("length" if len(reply) < full[i] else "stop")
+            outputs.append(CompletionOutput(i, reply[: emitted[i]], list(range(emitted[i])), finish))
+        stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0)
+        self.live.pop(stream.request_id, None)
+        stream._queue.put(None)
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        stop = self.live.get(request_id)
+        if stop is not None:
+            stop.set()
+
+    def metrics(self) -> dict:
+        return {"num_requests_running": len(self.live), "num_requests_waiting": 0, "block_map": []}

@@ -1,0 +1,327 @@
+"""ChatConsumer over `channels.testing.WebsocketCommunicator`, with the real worker runtime, engine service
+and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_engine.py).
+
+The worker side runs as in the embedded mode: its sends go through the test's event loop, and each
+"Celery task" is a thread running `WorkerRuntime.serve`.
+"""
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from fake_engine import FakeStreamingEngine
+
+from playground.asgi import application
+from playground.chat.models import Conversation
+from playground.serving import dispatch
+from playground.serving.bridge import LoopBridge
+from playground.serving.engine_service import EngineService
+from playground.serving.naming import GPU_QUEUE
+from playground.serving.worker import WorkerRuntime
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1")
+ASK = [{"role": "user", "content": "hi there"}]
+
+
+@contextlib.asynccontextmanager
+async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
+    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads."""
+    engine = FakeStreamingEngine(delay)
+    service = EngineService({}, engine_factory=lambda **kwargs: engine)
+    runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
+    runtime.start()
+    await asyncio.to_thread(service.wait_ready, 10)
+    submitted: list[dict] = []
+
+    def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
+        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
+        threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt), daemon=True).start()
+        return GPU_QUEUE
+
+    monkeypatch.setattr(dispatch, "submit", submit)
+    try:
+        yield engine, submitted
+    finally:
+        await asyncio.to_thread(runtime.stop)
+
+
+async def connect(headers=(ORIGIN,)) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=list(headers))
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    return communicator
+
+
+async def until_end(communicator: WebsocketCommunicator, timeout: float = 5) -> list[dict]:
+    """Frames up to and including the first done or error."""
+    frames = []
+    while True:
+        frame = await communicator.receive_json_from(timeout=timeout)
+        frames.append(frame)
+        if frame["type"] in ("done", "error"):
+            return frames
+
+
+def generate(messages=ASK, **params) -> dict:
+    return {"type": "generate", "messages": messages, "params": {"temperature": 0, **params}}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_stream_concatenates_to_the_saved_final_text(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            await ws.send_json_to(generate(max_tokens=64))
+            started = await ws.receive_json_from(timeout=5)
+            frames = await until_end(ws)
+            await ws.disconnect()
+            return started, frames
+
+    started, frames = run(scenario())
+    assert started["type"] == "started"
+    tokens, done = frames[:-1], frames[-1]
+    assert done["type"] == "done" and done["request_id"] == started["request_id"]
+    assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+    assert all(t["type"] == "token" and t["index"] == 0 for t in tokens)
+    text = "".join(t["text"] for t in tokens)
+    assert text == done["outputs"][0]["text"] == "echo0: hi there"
+    assert done["outputs"][0]["finish_reason"] == "stop"
+    assert done["worker"] == "fake@test"
+    assert done["usage"] == {"prompt_tokens": len("hi there"), "completion_tokens": len(text), "cached_tokens": 0}
+    assert done["timing"]["ttft_ms"] >= 0 and done["timing"]["tokens_per_s"] > 0
+
+    conversation = Conversation.objects.get(id=done["conversation_id"])
+    saved = list(conversation.messages.order_by("position").values_list("role", "content", "finish_reason"))
+    assert saved == [("user", "hi there", ""), ("assistant", text, "stop")]
+    assert conversation.last_worker == "fake@test"
+    assert conversation.session_key and conversation.user is None
+
+
+def test_follow_up_turn_is_routed_to_the_last_worker_and_keeps_the_transcript(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch) as (engine, submitted):
+            ws = await connect()
+            await ws.send_json_to(generate(max_tokens=8))
+            first = (await until_end(ws))[-1]
+            history = ASK + [{"role": "assistant", "content": first["outputs"][0]["text"]}]
+            follow_up = generate(history + [{"role": "user", "content": "again"}], max_tokens=8)
+            await ws.send_json_to({**follow_up, "conversation_id": first["conversation_id"]})
+            second = (await until_end(ws))[-1]
+            await ws.disconnect()
+            return first, second, submitted
+
+    first, second, submitted = run(scenario())
+    assert second["conversation_id"] == first["conversation_id"]
+    assert [s["preferred_worker"] for s in submitted] == ["", "fake@test"]
+    roles = Conversation.objects.get(id=first["conversation_id"]).messages.values_list("role", flat=True)
+    assert list(roles) == ["user", "assistant", "user", "assistant"]
+
+
+def test_n_samples_stream_side_by_side(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            await ws.send_json_to(generate(n=2, max_tokens=6))
+            frames = await until_end(ws)
+            await ws.disconnect()
+            return frames
+
+    frames = run(scenario())
+    done = frames[-1]
+    streamed = {0: "", 1: ""}
+    for frame in frames:
+        if frame["type"] == "token":
+            streamed[frame["index"]] += frame["text"]
+    assert streamed == {0: "echo0:", 1: "echo1:"}
+    assert [(o["index"], o["text"], o["finish_reason"]) for o in done["outputs"]] == [
+        (0, "echo0:", "length"), (1, "echo1:", "length"),
+    ]  # fmt: skip
+    reply = Conversation.objects.get(id=done["conversation_id"]).messages.get(role="assistant")
+    assert reply.samples == ["echo0:", "echo1:"] and reply.content == "echo0:"
+
+
+@pytest.mark.parametrize(
+    "frame, needle",
+    [
+        ("not json", "not valid JSON"),
+        ('{"type": "dance"}', "type must be"),
+        ('{"type": "generate", "messages": []}', "non-empty"),
+        ('{"type": "generate", "messages": [{"role": "user", "content": "x"}], "params": {"top_p": 7}}', "top_p"),
+        ('{"type": "cancel", "request_id": "nope"}', "no running request"),
+        ('{"type": "generate", "conversation_id": "7f1c1a8e-0000-4000-8000-000000000000", '
+         '"messages": [{"role": "user", "content": "x"}]}', "not found"),
+        ('{"type": "generate", "pad": "' + "x" * 70_000 + '"}', "larger than"),
+    ],
+)
+def test_bad_frames_get_an_error_and_the_socket_survives(monkeypatch, frame, needle):
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            await ws.send_to(text_data=frame)
+            error = await ws.receive_json_from(timeout=5)
+            await ws.send_json_to(generate(max_tokens=4))
+            after = await until_end(ws)
+            await ws.disconnect()
+            return error, after
+
+    error, after = run(scenario())
+    assert error["type"] == "error" and needle in error["message"] and "request_id" not in error
+    assert after[-1]["type"] == "done"
+
+
+def test_binary_frame_is_refused():
+    async def scenario():
+        ws = await connect()
+        await ws.send_to(bytes_data=b"\x00\x01")
+        error = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return error
+
+    assert "text frames" in run(scenario())["message"]
+
+
+def test_engine_rejection_is_an_error_for_that_request(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            await ws.send_json_to(generate([{"role": "user", "content": "REJECT me"}]))
+            started = await ws.receive_json_from(timeout=5)
+            error = await ws.receive_json_from(timeout=5)
+            await ws.disconnect()
+            return started, error
+
+    started, error = run(scenario())
+    assert error == {"type": "error", "request_id": started["request_id"],
+                     "message": "prompt is longer than max_model_len (fake engine)"}  # fmt: skip
+
+
+def test_cancel_aborts_in_the_engine_and_ends_with_done(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch, delay=0.05) as (engine, _):
+            ws = await connect()
+            await ws.send_json_to(generate([{"role": "user", "content": "x" * 500}], max_tokens=500))
+            started = await ws.receive_json_from(timeout=5)
+            first = await ws.receive_json_from(timeout=5)
+            cancelled_at = time.monotonic()
+            await ws.send_json_to({"type": "cancel", "request_id": started["request_id"]})
+            frames = await until_end(ws)
+            elapsed = time.monotonic() - cancelled_at
+            await ws.disconnect()
+            return started, first, frames, elapsed, engine
+
+    started, first, frames, elapsed, engine = run(scenario())
+    assert first["type"] == "token"
+    done = frames[-1]
+    assert done["type"] == "done" and done["outputs"][0]["finish_reason"] == "abort"
+    assert elapsed < 1.0
+    assert engine.aborted == [started["request_id"]] and not engine.live
+    streamed = first["text"] + "".join(f["text"] for f in frames if f["type"] == "token")
+    assert streamed == done["outputs"][0]["text"] and len(streamed) < 50
+
+
+def test_disconnect_aborts_running_requests(monkeypatch):
+    async def scenario():
+        async with worker(monkeypatch, delay=0.05) as (engine, _):
+            ws = await connect()
+            await ws.send_json_to(generate([{"role": "user", "content": "y" * 500}], max_tokens=500))
+            started = await ws.receive_json_from(timeout=5)
+            await ws.receive_json_from(timeout=5)  # a first token: the engine is running it
+            await ws.disconnect()
+            deadline = time.monotonic() + 2
+            while engine.live and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            return started, engine
+
+    started, engine = run(scenario())
+    assert engine.aborted == [started["request_id"]] and not engine.live
+
+
+def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
+    """The task was accepted by a worker that then vanished: the watchdog reports it within seconds."""
+
+    async def scenario():
+        async def accept_and_die(request_id):
+            from channels.layers import get_channel_layer
+
+            await get_channel_layer().group_send(
+                f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
+            )
+
+        def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
+            asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
+            return GPU_QUEUE
+
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(dispatch, "submit", submit)
+        ws = await connect()
+        await ws.send_json_to(generate())
+        started = await ws.receive_json_from(timeout=5)
+        t0 = time.monotonic()
+        error = await ws.receive_json_from(timeout=10)
+        waited = time.monotonic() - t0
+        await ws.disconnect()
+        return started, error, waited
+
+    started, error, waited = run(scenario())
+    assert error["type"] == "error" and error["request_id"] == started["request_id"]
+    assert "ghost@nowhere stopped responding" in error["message"]
+    assert waited < 3
+
+
+def test_no_worker_at_all_is_an_error_not_a_hang(monkeypatch, settings):
+    settings.PLAYGROUND_NO_WORKER_GRACE = 0.5
+    monkeypatch.setattr(dispatch, "submit", lambda *args, **kwargs: GPU_QUEUE)
+
+    async def scenario():
+        ws = await connect()
+        await ws.send_json_to(generate())
+        await ws.receive_json_from(timeout=5)
+        error = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return error
+
+    assert run(scenario())["message"] == "no GPU worker is running"
+
+
+def test_broker_failure_is_reported(monkeypatch):
+    def broken_submit(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(dispatch, "submit", broken_submit)
+
+    async def scenario():
+        ws = await connect()
+        await ws.send_json_to(generate())
+        started = await ws.receive_json_from(timeout=5)
+        error = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return started, error
+
+    started, error = run(scenario())
+    assert error["request_id"] == started["request_id"] and "broker is unavailable" in error["message"]
+
+
+def test_foreign_origin_is_refused():
+    async def scenario():
+        communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"origin", b"http://evil.example")])
+        connected, _ = await communicator.connect(timeout=5)
+        return connected
+
+    assert run(scenario()) is False
+
+
+def test_anonymous_socket_refused_when_anonymous_use_is_off(settings):
+    settings.PLAYGROUND_ALLOW_ANONYMOUS = False
+
+    async def scenario():
+        communicator = WebsocketCommunicator(application, "/ws/chat/", headers=[ORIGIN])
+        return await communicator.connect(timeout=5)
+
+    connected, code = run(scenario())
+    assert connected is False and code == 4401
