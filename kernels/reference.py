@@ -133,8 +133,9 @@ def _gather(cache: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor
     table = torch.where(needed, block_tables[:, :num_blocks].long(), 0)
     gathered = cache.index_select(0, table.flatten()).view(table.shape[0], num_blocks * block_size,
                                                             *cache.shape[2:])
-    in_context = torch.arange(num_blocks * block_size, device=cache.device) < context_lens.long()[:, None]
-    return gathered.masked_fill(~in_context[:, :, None, None], 0)
+    past_context = torch.arange(num_blocks * block_size, device=cache.device) >= context_lens.long()[:, None]
+    gathered[past_context.nonzero(as_tuple=True)] = 0  # integer indices: touches only those slots
+    return gathered
 
 
 def _positions(key_cache: Tensor, context_lens: Tensor) -> Tensor:

@@ -1,0 +1,69 @@
+"""Backend choice: by device for ``kernels.<op>``, by name through ``get_backend``; triton imported lazily."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernel_cases import assert_close_to, build_case, dense_attention
+from kernels import reference
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_auto_and_torch_pick_the_reference_on_cpu():
+    assert kernels.get_backend(None, "cpu") is reference
+    assert kernels.get_backend("auto", torch.device("cpu")) is reference
+    assert kernels.get_backend("torch", "cpu") is reference
+
+
+def test_triton_on_cpu_under_the_interpreter(triton_ops):
+    assert os.environ["TRITON_INTERPRET"] == "1" or torch.cuda.is_available()
+    assert kernels.get_backend("triton", "cpu" if triton_ops.INTERPRETED else "cuda") is triton_ops
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        kernels.get_backend("triton", "cpu")
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="'flash'"):
+        kernels.get_backend("flash", "cpu")
+
+
+def test_top_level_ops_dispatch_by_device(device):
+    """``kernels.<op>`` on this device's tensors gives the right answer (reference on CPU, Triton on CUDA)."""
+    case = build_case(block_size=8, num_heads=6, kv_heads=2, head_dim=64, dtype=torch.float32,
+                      context_lens=[3, 12], query_lens=[3, 4], seed=7, device=device)
+    out = kernels.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
+                                          case.context_lens, case.query_start_loc, case.scale)
+    assert_close_to(out, dense_attention(case), torch.float32)
+    last_rows = case.query_start_loc[1:].long() - 1
+    decode = kernels.paged_attention_decode(case.query[last_rows], case.key_cache, case.value_cache,
+                                            case.block_tables, case.context_lens, case.scale)
+    assert_close_to(decode, out[last_rows], torch.float32)
+
+
+def test_import_without_triton_still_serves_the_reference():
+    """``import kernels`` must not need triton; asking for it then fails with a clear error."""
+    script = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import kernels\n"
+        "assert kernels.get_backend(None, 'cpu') is kernels.reference\n"
+        "try:\n"
+        "    kernels.get_backend('triton', 'cuda')\n"
+        "except ValueError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "refused: the triton backend is unavailable" in result.stdout
