@@ -16,6 +16,11 @@ function formatValue(v, unit, digits) {
   return `${Number(v).toFixed(digits)}${unit}`;
 }
 
+/** Seconds since the epoch as local hh:mm:ss; live charts span minutes, so dates would only add noise. */
+function clockTime(t) {
+  return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
+}
+
 export class LiveChart {
   /**
    * @param {HTMLElement} container  element the chart fills (its width is tracked)
@@ -48,12 +53,13 @@ export class LiveChart {
           stroke: s.color,
           width: 2,
           points: { show: false },
-          value: (_u, v) => formatValue(v, unit, digits),
+          // With the cursor off the chart the legend shows the latest value instead of a dash.
+          value: (u, v, seriesIdx, idx) => formatValue(idx === null ? u.data[seriesIdx].at(-1) : v, unit, digits),
         })),
       ],
       axes: [
-        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid } },
-        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, size: 46,
+        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, values: (_u, ticks) => ticks.map(clockTime) },
+        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, size: 52,
           values: (_u, ticks) => ticks.map((t) => `${t}${unit}`) },
       ],
     };

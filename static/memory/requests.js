@@ -1,0 +1,99 @@
+/**
+ * In-flight requests of one worker with their block tables: logical block i → physical block, the picture
+ * PagedAttention is built on. Physical blocks that other sequences share are marked, hovering a row lights
+ * the request's blocks up in the block map, and each row has an abort button.
+ */
+
+import { requestColor } from "../common/colors.js";
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+export class RequestTable {
+  /**
+   * @param {HTMLTableSectionElement} tbody
+   * @param {HTMLElement} emptyNote  shown when nothing is in flight
+   * @param {{onAbort: (requestId: string) => void, onHover: (blockIds: number[] | null) => void}} handlers
+   */
+  constructor(tbody, emptyNote, { onAbort, onHover }) {
+    this.tbody = tbody;
+    this.emptyNote = emptyNote;
+    this.onAbort = onAbort;
+    this.onHover = onHover;
+    this.aborting = new Set();
+    this.hovered = null; // request id under the pointer
+    this.tables = new Map(); // request id -> block table of the last update
+    tbody.addEventListener("mouseover", (event) => {
+      const id = event.target.closest("tr")?.dataset.requestId ?? null;
+      if (id !== this.hovered) this.hover(id);
+    });
+    tbody.addEventListener("mouseleave", () => this.hover(null));
+  }
+
+  /** Rows are rebuilt on every snapshot, so hovering is tracked by request id, not by row element. */
+  hover(requestId) {
+    this.hovered = requestId;
+    this.onHover(requestId === null ? null : this.tables.get(requestId) ?? null);
+  }
+
+  /**
+   * @param {{request_id: string, block_table: number[], context_len: number, max_len: number}[]} requests
+   * @param {{refCount: number}[]} blocks  the decoded block map, to mark shared physical blocks
+   * @param {number} blockSize
+   */
+  update(requests, blocks, blockSize) {
+    const live = new Set(requests.map((r) => r.request_id));
+    for (const id of this.aborting) if (!live.has(id)) this.aborting.delete(id);
+    this.tables = new Map(requests.map((r) => [r.request_id, r.block_table]));
+    this.tbody.replaceChildren(...requests.map((r) => this.row(r, blocks, blockSize)));
+    this.emptyNote.hidden = requests.length > 0;
+    if (this.hovered !== null) this.hover(live.has(this.hovered) ? this.hovered : null);
+  }
+
+  row(request, blocks, blockSize) {
+    const tr = el("tr");
+    tr.dataset.requestId = request.request_id;
+    const name = el("td", "req-id");
+    const swatch = el("span", "swatch");
+    swatch.style.background = requestColor(request.request_id);
+    name.append(swatch, el("code", "", request.request_id));
+
+    const maxBlocks = Math.ceil(request.max_len / blockSize);
+    const sizes = el("td", "req-size");
+    sizes.append(
+      el("span", "", `${request.context_len} / ${request.max_len} tokens`),
+      el("span", "muted", `${request.block_table.length} of ${maxBlocks} blocks`),
+    );
+
+    const table = el("td", "req-table");
+    const chips = el("div", "chips");
+    request.block_table.forEach((physical, logical) => {
+      const chip = el("span", "chip");
+      const shared = (blocks[physical]?.refCount ?? 0) > 1;
+      chip.classList.toggle("shared", shared);
+      chip.title = `logical ${logical} → physical ${physical}${shared ? ` (shared, ref ${blocks[physical].refCount})` : ""}`;
+      chip.append(el("span", "chip-l", String(logical)), el("span", "chip-arrow", "→"), el("span", "chip-p", String(physical)));
+      chips.append(chip);
+    });
+    table.append(chips);
+
+    const actions = el("td", "req-actions");
+    const abort = el("button", "btn btn-small", this.aborting.has(request.request_id) ? "Aborting…" : "Abort");
+    abort.type = "button";
+    abort.disabled = this.aborting.has(request.request_id);
+    abort.addEventListener("click", () => {
+      this.aborting.add(request.request_id);
+      abort.disabled = true;
+      abort.textContent = "Aborting…";
+      this.onAbort(request.request_id);
+    });
+    actions.append(abort);
+
+    tr.append(name, sizes, table, actions);
+    return tr;
+  }
+}
