@@ -1,0 +1,129 @@
+"""Run the distributed stack for end-to-end tests: daphne and real Celery GPU workers as subprocesses, over
+the real Redis at 127.0.0.1:6379 (an empty database number, flushed afterwards), with the real model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import redis
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+BIN = Path(sys.executable).parent
+
+# Small engine settings: CPU tests, short prompts.
+ENGINE_ENV = {
+    "ENGINE_MAX_MODEL_LEN": "512",
+    "ENGINE_NUM_KV_BLOCKS": "256",
+    "ENGINE_MAX_NUM_SEQS": "32",
+    "ENGINE_DEVICE": "cpu",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def empty_redis_db() -> int:
+    """An unused Redis database number, so tests never meet other users' queues."""
+    for db in range(15, 0, -1):
+        if redis.Redis(REDIS_HOST, REDIS_PORT, db=db).dbsize() == 0:
+            return db
+    raise RuntimeError("no empty Redis database to run the end-to-end tests in")
+
+
+class LiveStack:
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.db = empty_redis_db()
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
+        self.env = {
+            **os.environ,
+            "REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.db}",
+            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+            "PLAYGROUND_VAR_DIR": str(workdir / "var"),
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "DJANGO_SETTINGS_MODULE": "playground.settings",
+            "PYTHONUNBUFFERED": "1",
+            **ENGINE_ENV,
+            **(extra_env or {}),
+        }
+        self.web: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        log = open(self.workdir / log_name, "wb")
+        return subprocess.Popen(args, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_web(self) -> None:
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=self.env, check=True,
+                       timeout=300)  # fmt: skip
+        self.web = self._spawn(
+            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"], "web.log"
+        )
+        self.wait(lambda: self.health() is not None, 60, "daphne to serve /healthz")
+
+    def start_worker(self, name: str) -> None:
+        self.workers[name] = self._spawn(
+            [str(BIN / "celery"), "-A", "playground", "worker", "-Q", "gpu", "-n", name, "--pool", "threads",
+             "-c", "32", "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO"],
+            f"worker-{name}.log",
+        )  # fmt: skip
+
+    def wait_workers_ready(self, timeout: float = 300) -> None:
+        def ready() -> bool:
+            states = {w["name"]: w["state"] for w in (self.health() or {}).get("workers", [])}
+            return all(states.get(name) == "ready" for name in self.workers)
+
+        self.wait(ready, timeout, f"workers {sorted(self.workers)} to load the model")
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL: no clean shutdown, no goodbye heartbeat."""
+        self.workers[name].kill()
+        self.workers[name].wait(10)
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            with urlopen(f"{self.base_url}/healthz", timeout=5) as response:
+                return json.load(response)
+        except OSError as exc:
+            body = getattr(exc, "read", None)
+            return json.loads(body()) if body else None
+
+    def worker_metrics(self, name: str) -> dict[str, Any]:
+        for worker in (self.health() or {}).get("workers", []):
+            if worker["name"] == name:
+                return worker["metrics"]
+        raise LookupError(f"worker {name} is not alive")
+
+    def wait(self, condition, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}; logs in {self.workdir}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for process in [*self.workers.values(), self.web]:
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in [*self.workers.values(), self.web]:
+            if process is not None:
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db).flushdb()
