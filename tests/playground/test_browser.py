@@ -1,0 +1,281 @@
+"""Browser tests of the chat page (and its safety rules) against the real embedded playground.
+
+One `python manage.py playground` subprocess serves the whole module (daphne, in-process Celery worker, the
+real model on the CPU), driven through Debian's chromium by playwright. No browser is downloaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.request import urlopen
+
+import pytest
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
+STAFF = {"username": "ada", "password": "analytical-engine-1843"}
+# A stored reply that would run code if the page ever rendered model text as HTML.
+HOSTILE_REPLY = 'Sure: <script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> **done**'
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(base_url: str) -> dict | None:
+    try:
+        with urlopen(f"{base_url}/healthz", timeout=5) as response:
+            return json.load(response)
+    except OSError:
+        return None
+
+
+SEED_SCRIPT = """
+import json, uuid
+from django.contrib.auth import get_user_model
+from playground.chat.store import open_conversation, save_reply
+user = get_user_model().objects.create_superuser({username!r}, "ada@example.com", {password!r})
+conv = open_conversation(user, "", None, [{{"role": "user", "content": "Say something dangerous"}}])
+save_reply(conv.id, "seeded", {{"outputs": [{{"index": 0, "text": {reply!r}, "finish_reason": "stop"}}],
+           "usage": {{"prompt_tokens": 12, "completion_tokens": 20, "cached_tokens": 0}},
+           "timing": {{"ttft_ms": 10.0, "tokens_per_s": 50.0}}}}, "seed")
+print(json.dumps({{"conversation": str(conv.id)}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The embedded playground on a free port, with a staff user owning one seeded conversation."""
+    workdir = tmp_path_factory.mktemp("browser")
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+        "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+        "PLAYGROUND_VAR_DIR": str(workdir / "var"),
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DJANGO_SETTINGS_MODULE": "playground.settings",
+        "ENGINE_DEVICE": "cpu",
+        "ENGINE_MAX_MODEL_LEN": "512",
+        "ENGINE_NUM_KV_BLOCKS": "256",
+        "PYTHONUNBUFFERED": "1",
+    }
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v", "0"], cwd=REPO, env=env, check=True, timeout=300)
+    seeded = subprocess.run(
+        [*manage, "shell", "-c", SEED_SCRIPT.format(reply=HOSTILE_REPLY, **STAFF)],
+        cwd=REPO, env=env, check=True, timeout=120, capture_output=True, text=True,
+    )  # fmt: skip
+    conversation_id = json.loads(seeded.stdout.strip().splitlines()[-1])["conversation"]
+    log = open(workdir / "server.log", "wb")
+    process = subprocess.Popen([*manage, "playground", "--port", str(port), "--skip-migrate"], cwd=REPO, env=env,
+                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while not any(w.get("state") == "ready" for w in (_health(base_url) or {}).get("workers", [])):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the playground did not get a ready worker; log: {workdir / 'server.log'}")
+        time.sleep(0.5)
+    yield {"base_url": base_url, "conversation_id": conversation_id}
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def set_param(page, name: str, value: str) -> None:
+    """Fill one sampling control (opening "More options" when it lives there)."""
+    field = page.locator(f'#params [name="{name}"]')
+    if not field.is_visible():
+        page.click("#params .params-more summary")
+    field.fill(value)
+
+
+def login(page, base_url: str, next_path: str = "/") -> None:
+    page.goto(f"{base_url}/accounts/login/?next={next_path}")
+    page.fill("#id_username", STAFF["username"])
+    page.fill("#id_password", STAFF["password"])
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}{next_path}")
+
+
+def reply_text(page) -> str:
+    return page.locator(".msg-assistant .msg-body").last.inner_text()
+
+
+def test_prompt_streams_and_stop_cancels(server, page):
+    page.goto(server["base_url"] + "/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    set_param(page, "temperature", "0")
+    set_param(page, "max_tokens", "400")
+    page.fill("#prompt", "Write a long story about a dragon who learns to bake bread.")
+    page.keyboard.press("Enter")
+
+    reply = page.locator(".msg-assistant").last
+    assert page.locator(".msg-user").last.inner_text() == "Write a long story about a dragon who learns to bake bread."
+    assert page.locator("#stop").is_visible() and not page.locator("#send").is_visible()
+    # Tokens stream: the reply shows text while still streaming, and that text then grows.
+    page.wait_for_function(
+        "() => { const b = [...document.querySelectorAll('.msg-assistant .msg-body')].pop();"
+        " return b && !b.querySelector('.typing') && b.innerText.trim().length > 0; }",
+        timeout=120_000,
+    )
+    first = reply_text(page)
+    assert reply.get_attribute("data-state") == "streaming"
+    page.wait_for_function(
+        "(n) => [...document.querySelectorAll('.msg-assistant .msg-body')].pop().innerText.length > n",
+        arg=len(first), timeout=60_000,
+    )  # fmt: skip
+    assert reply.get_attribute("data-state") == "streaming"
+
+    page.click("#stop")
+    page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
+                           timeout=15_000)  # fmt: skip
+    assert reply.locator('[data-stat="finish_reason"] .stat-value').inner_text() == "abort"
+    completion = int(reply.locator('[data-stat="completion_tokens"] .stat-value').inner_text())
+    assert 0 < completion < 400
+    assert page.locator("#send").is_visible() and not page.locator("#stop").is_visible()
+    stopped = reply_text(page)
+    page.wait_for_timeout(1500)
+    assert reply_text(page) == stopped, "text kept arriving after stop"
+
+
+def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page):
+    page.goto(server["base_url"] + "/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    set_param(page, "temperature", "0")
+    set_param(page, "max_tokens", "12")
+    page.click("#prompt")
+    page.keyboard.type("Name a colour.")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("One word.")
+    assert page.input_value("#prompt") == "Name a colour.\nOne word."
+    assert page.locator(".msg-user").count() == 0
+
+    page.keyboard.press("Enter")
+    assert page.input_value("#prompt") == ""
+    assert page.locator(".msg-user").last.inner_text() == "Name a colour.\nOne word."
+    reply = page.locator(".msg-assistant").last
+    page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
+                           timeout=120_000)  # fmt: skip
+    assert reply_text(page).strip() != ""
+    stats = {name: reply.locator(f'[data-stat="{name}"] .stat-value').inner_text()
+             for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft", "tokens_per_s", "finish_reason")}  # fmt: skip
+    assert int(stats["prompt_tokens"]) > 10
+    assert 1 <= int(stats["completion_tokens"]) <= 12
+    assert int(stats["cached_tokens"]) >= 0
+    assert stats["ttft"].endswith(("ms", " s")) and stats["tokens_per_s"].endswith("tok/s")
+    assert stats["finish_reason"] in {"stop", "length"}
+    # The new conversation is in the history list, titled by its first message, and the URL points at it.
+    page.wait_for_selector("#conv-list li.active")
+    assert page.locator("#conv-list li.active .conv-title").inner_text().startswith("Name a colour.")
+    assert "/c/" in page.url
+
+
+def test_script_in_a_reply_renders_as_text(server, page):
+    login(page, server["base_url"], f"/c/{server['conversation_id']}/")
+    body = page.locator(".msg-assistant .msg-body").first
+    body.wait_for()
+    for markdown in (True, False):
+        if not markdown:
+            page.uncheck("#markdown-toggle")
+        text = body.inner_text()
+        assert "<script>window.__pwned = 1</script>" in text
+        assert '<img src=x onerror="window.__pwned = 2">' in text
+        assert body.locator("script, img").count() == 0
+        assert page.evaluate("window.__pwned") is None
+    # Markdown formatting still works around the hostile text.
+    page.check("#markdown-toggle")
+    assert body.locator("strong").inner_text() == "done"
+
+
+def test_markdown_renderer_builds_only_safe_nodes(server, page):
+    page.goto(server["base_url"] + "/")
+    result = page.evaluate(
+        """async () => {
+          const { renderMarkdown } = await import('/static/common/markdown.js');
+          const box = document.createElement('div');
+          box.append(renderMarkdown([
+            '# Title <b>x</b>',
+            '<iframe src="javascript:alert(1)"></iframe>',
+            '[click](javascript:alert(1)) and [site](https://example.com)',
+            '- **bold** item', '- `<svg onload=alert(1)>`',
+            '```html', '<script>window.__pwned = 3</script>', '```',
+          ].join('\\n')));
+          return {
+            tags: [...box.querySelectorAll('*')].map((e) => e.tagName.toLowerCase()),
+            hrefs: [...box.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+            code: box.querySelector('pre code').textContent,
+            text: box.textContent,
+          };
+        }"""
+    )
+    assert set(result["tags"]) <= {"h1", "p", "br", "a", "ul", "li", "strong", "code", "pre"}
+    assert result["hrefs"] == ["https://example.com"]
+    assert result["code"] == "<script>window.__pwned = 3</script>"
+    assert "[click](javascript:alert(1))" in result["text"]
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_narrow_screen_keeps_the_composer_and_opens_panels(server, browser):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    try:
+        page.goto(server["base_url"] + "/")
+        assert page.locator("#prompt").is_visible()
+        assert page.locator("#send").is_visible()
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the page scrolls sideways ({width}px wide)"
+
+        def on_screen(selector: str) -> bool:
+            box = page.locator(selector).bounding_box()
+            return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 391
+
+        page.wait_for_timeout(300)
+        assert not on_screen("#settings-panel") and not on_screen("#history-panel")
+        page.click(".toggle-settings")
+        page.wait_for_timeout(400)  # slide-in transition
+        assert on_screen("#settings-panel")
+        page.click("#scrim", position={"x": 10, "y": 200})
+        page.click(".toggle-history")
+        page.wait_for_timeout(400)
+        assert on_screen("#history-panel") and not on_screen("#settings-panel")
+    finally:
+        context.close()
