@@ -1,0 +1,7 @@
+"""Suite-wide settings: tests run offline, on the CPU, with a fixed number of threads."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
