@@ -43,8 +43,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        BLOCK_SIZE=block_size, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
-        HEADS_PAD=triton.next_power_of_2(kv_heads), DIM_PAD=triton.next_power_of_2(head_dim))
+        **reshape_and_cache_constexprs(block_size, kv_heads, head_dim))
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -60,32 +59,26 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     out = validation.output_for(query, out)
     if num_seqs == 0:
         return out
-    group = num_heads // kv_heads
     max_context = max(1, block_tables.shape[1] * block_size)
     num_partitions = triton.cdiv(max_context, PARTITION_SIZE)
-    split = num_partitions > 1
-    if split:
+    meta = decode_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, num_partitions)
+    if meta["SPLIT"]:
         part_out = torch.empty(num_seqs, num_heads, num_partitions, head_dim, dtype=torch.float32,
                                device=query.device)
         part_max = torch.empty(num_seqs, num_heads, num_partitions, dtype=torch.float32, device=query.device)
         part_sum = torch.empty_like(part_max)
     else:
         part_out = part_max = part_sum = out  # unused when not split
-    dim_pad = triton.next_power_of_2(head_dim)
     _decode_kernel[(num_seqs, kv_heads, num_partitions)](
         out, part_out, part_max, part_sum, query, key_cache, value_cache, block_tables, context_lens,
         scale * _LOG2E, num_partitions,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        BLOCK_SIZE=block_size, BLOCK_N=64, PARTITION=PARTITION_SIZE, SPLIT=split,
-        DOT_FP32=_dot_in_fp32(query.dtype))
-    if split:
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
+    if meta["SPLIT"]:
         _merge_partitions_kernel[(num_seqs, num_heads)](
             out, part_out, part_max, part_sum, context_lens, num_partitions, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, DIM_PAD=dim_pad, PARTS_PAD=triton.next_power_of_2(num_partitions),
-            PARTITION=PARTITION_SIZE)
+            **merge_constexprs(head_dim, num_partitions))
     return out
 
 
@@ -106,17 +99,13 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     out = validation.output_for(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    group = num_heads // kv_heads
-    block_m = max(64, triton.next_power_of_2(group))
-    block_q = block_m // group
-    _prefill_kernel[(num_tokens // block_q + num_seqs, kv_heads)](
+    meta = prefill_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype)
+    _prefill_kernel[(num_tokens // meta["BLOCK_Q"] + num_seqs, kv_heads)](
         out, query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
         scale * _LOG2E, num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=32, DOT_FP32=_dot_in_fp32(query.dtype))
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
     return out
 
 
@@ -141,9 +130,42 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
     layer_offsets = torch.tensor([offset // first.element_size() for offset in offsets], dtype=torch.int64,
                                  device=first.device)
     mapping = block_mapping.to(device=first.device, dtype=torch.int64).contiguous()
-    block_numel = first[0].numel()
-    _copy_blocks_kernel[(len(caches), mapping.shape[0])](
-        first, layer_offsets, mapping, BLOCK_NUMEL=block_numel, CHUNK=min(4096, triton.next_power_of_2(block_numel)))
+    _copy_blocks_kernel[(len(caches), mapping.shape[0])](first, layer_offsets, mapping,
+                                                         **copy_blocks_constexprs(first[0].numel()))
+
+
+def decode_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+                      num_partitions: int) -> dict:
+    """Compile-time parameters of ``_decode_kernel`` for one model shape (also used by the compile check)."""
+    group = num_heads // kv_heads
+    return dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+                DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, BLOCK_N=64,
+                PARTITION=PARTITION_SIZE, SPLIT=num_partitions > 1, DOT_FP32=_dot_in_fp32(dtype))
+
+
+def merge_constexprs(head_dim: int, num_partitions: int) -> dict:
+    """Compile-time parameters of ``_merge_partitions_kernel``."""
+    return dict(HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim),
+                PARTS_PAD=triton.next_power_of_2(num_partitions), PARTITION=PARTITION_SIZE)
+
+
+def prefill_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> dict:
+    """Compile-time parameters of ``_prefill_kernel``: BLOCK_M rows = BLOCK_Q tokens x GROUP query heads."""
+    group = num_heads // kv_heads
+    block_m = max(64, triton.next_power_of_2(group))
+    return dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+                BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=32, DOT_FP32=_dot_in_fp32(dtype))
+
+
+def reshape_and_cache_constexprs(block_size: int, kv_heads: int, head_dim: int) -> dict:
+    """Compile-time parameters of ``_reshape_and_cache_kernel``."""
+    return dict(BLOCK_SIZE=block_size, KV_HEADS=kv_heads, HEAD_DIM=head_dim,
+                HEADS_PAD=triton.next_power_of_2(kv_heads), DIM_PAD=triton.next_power_of_2(head_dim))
+
+
+def copy_blocks_constexprs(block_numel: int) -> dict:
+    """Compile-time parameters of ``_copy_blocks_kernel``: copies one block in chunks of at most 4096."""
+    return dict(BLOCK_NUMEL=block_numel, CHUNK=min(4096, triton.next_power_of_2(block_numel)))
 
 
 def _check_attention_inputs(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
