@@ -22,7 +22,7 @@ function button(label, className, onClick, title) {
   return b;
 }
 
-const FINISH_LABELS = { stop: "stopped", length: "length limit", abort: "cancelled", error: "error" };
+const FINISH_LABELS = { stop: "finished", length: "length limit", abort: "cancelled", error: "error" };
 
 /** One stat as `label value`, marked with data-stat so tests and styles can find it. */
 function stat(name, label, value) {
