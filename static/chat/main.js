@@ -46,6 +46,13 @@ const state = {
 
 const paramsForm = new ParamsForm(els.params, { defaults: config.sampling_defaults ?? {},
   limits: config.limits ?? {} });
+/**
+ * Generate frames whose reply was abandoned (New chat, another conversation opened) before their `started`
+ * arrived. The server answers `started` in the order it received the frames, so the next ones to arrive
+ * belong to these and are cancelled at once.
+ */
+let abandonedStarts = 0;
+
 const api = new ConversationApi(config.urls?.conversations ?? "/api/conversations/");
 const replyTurns = new Map(); // ReplyView -> its assistant turn in state.messages
 
@@ -71,7 +78,9 @@ const socket = new JsonSocket(config.ws_path ?? "/ws/chat/", {
   onStatus: (status) => {
     els.conn.dataset.status = status;
     els.conn.textContent = { open: "connected", connecting: "connecting", closed: "reconnecting" }[status];
-    if (status === "closed" && state.active) failActive("The connection to the server was lost; the reply stopped.");
+    if (status !== "closed") return;
+    abandonedStarts = 0; // the server aborts a closed socket's generations itself
+    if (state.active) failActive("The connection to the server was lost; the reply stopped.");
   },
 });
 
@@ -190,6 +199,15 @@ function endActive() {
   updateEmptyState();
 }
 
+/** Stop caring about the generation in flight (its reply is being cleared from the page) and cancel it. */
+function abandonActive() {
+  const active = state.active;
+  if (!active) return;
+  if (active.requestId) socket.send({ type: "cancel", request_id: active.requestId });
+  else abandonedStarts += 1;
+  endActive();
+}
+
 function failActive(message) {
   const { stream, view } = state.active;
   stream.fail("error");
@@ -200,6 +218,11 @@ function failActive(message) {
 // ---------------------------------------------------------------- server frames
 
 function handleStarted(msg) {
+  if (abandonedStarts > 0) {
+    abandonedStarts -= 1;
+    socket.send({ type: "cancel", request_id: msg.request_id });
+    return;
+  }
   const active = state.active;
   if (!active || active.requestId !== null) return;
   active.requestId = msg.request_id;
@@ -244,8 +267,16 @@ function handleDone(msg) {
   refreshHistory();
 }
 
+/**
+ * An error with a request_id is that generation's; one without answers the oldest generate frame still
+ * waiting for `started` (an abandoned one first, as in handleStarted), else it is about some other frame.
+ */
 function handleError(msg) {
   const active = state.active;
+  if (!msg.request_id && abandonedStarts > 0) {
+    abandonedStarts -= 1;
+    return;
+  }
   const ours = active && (msg.request_id ? msg.request_id === active.requestId : active.requestId === null);
   if (ours) failActive(msg.message ?? "The generation failed.");
   else showError(msg.message ?? "The server reported an error.");
@@ -280,7 +311,7 @@ async function refreshHistory() {
 }
 
 function resetConversation() {
-  if (state.active) stop();
+  abandonActive();
   state.conversationId = null;
   state.messages = [];
   replyTurns.clear();

@@ -209,6 +209,39 @@ def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page)
     assert "/c/" in page.url
 
 
+def test_rejected_prompt_shows_the_error_and_the_page_recovers(server, page):
+    page.goto(server["base_url"] + "/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    page.fill("#prompt", "lorem ipsum " * 600)  # far beyond the test engine's 512-token context
+    page.keyboard.press("Enter")
+    page.wait_for_selector('.msg-assistant[data-state="error"]', timeout=60_000)
+    assert page.locator(".msg-assistant .reply-notice.error").inner_text().strip() != ""
+    assert page.locator("#send").is_visible() and not page.locator("#stop").is_visible()
+    assert page.locator("#conn").get_attribute("data-status") == "open"
+    assert page.locator(".msg-assistant .regenerate").is_visible()
+
+
+def test_history_opens_a_saved_conversation_and_new_chat_clears_it(server, page):
+    base_url, conversation_id = server["base_url"], server["conversation_id"]
+    login(page, base_url, "/")
+    page.locator(f'#conv-list li[data-id="{conversation_id}"] a').click()
+    page.wait_for_url(f"{base_url}/c/{conversation_id}/")
+    assert page.locator(".msg-user").inner_text() == "Say something dangerous"
+    assert page.locator("#chat-title").inner_text() == "Say something dangerous"
+    reply = page.locator(".msg-assistant")
+    assert reply.locator('[data-stat="prompt_tokens"] .stat-value').inner_text() == "12"
+    assert reply.locator('[data-stat="finish_reason"] .stat-value').inner_text() == "stop"
+    assert page.locator(f'#conv-list li[data-id="{conversation_id}"]').get_attribute("class") == "active"
+
+    page.click("#new-chat")
+    assert page.url == f"{base_url}/"
+    assert page.locator(".msg").count() == 0 and page.locator("#empty-state").is_visible()
+    assert page.locator("#chat-title").inner_text() == "New chat"
+    page.go_back()
+    page.wait_for_selector(".msg-assistant")
+    assert page.locator(".msg-user").inner_text() == "Say something dangerous"
+
+
 def test_script_in_a_reply_renders_as_text(server, page):
     login(page, server["base_url"], f"/c/{server['conversation_id']}/")
     body = page.locator(".msg-assistant .msg-body").first
