@@ -1,0 +1,187 @@
+"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching) and
+llama.cpp (when installed) on the same seeded workloads in one run, plus the sharing, fixed-budget and
+roofline experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from inference.bench import experiments, plots, report, roofline, workloads
+from inference.bench.engines import hf_continuous, hf_static, llamacpp, ours
+from inference.bench.engines.base import EngineRun, RunConfig
+from inference.bench.kv import KVGeometry
+from inference.model_loader import DEFAULT_MODEL, resolve_model
+
+ENGINES = ("ours", "hf_static", "hf_continuous", "llamacpp")
+# The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
+# one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
+SHARED_PREFIX_RATE = {"full": 1.0, "quick": 4.0}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Sizes of one benchmark mode: the issue's full workloads, or the one-minute smoke run."""
+
+    name: str
+    specs: dict[str, workloads.WorkloadSpec]
+    kv_blocks: int
+    roofline_batches: tuple[int, ...]
+    roofline_steps: int
+
+
+FULL = Mode("full", workloads.FULL_SPECS, kv_blocks=1024, roofline_batches=roofline.BATCHES, roofline_steps=8)
+QUICK = Mode("quick", workloads.QUICK_SPECS, kv_blocks=256, roofline_batches=(1, 4), roofline_steps=2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m inference.bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="one-minute smoke run: tiny workloads, few tokens")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG figures into DIR")
+    p.add_argument("--workloads", type=Path, metavar="DIR",
+                   help="load workloads from DIR/<kind>.jsonl when present, else build and save them there")
+    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {', '.join(ENGINES)}")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arrival", choices=("all", "poisson"), default="all", help="chat workload arrivals")
+    p.add_argument("--rate", type=float, help="requests/s for --arrival poisson")
+    p.add_argument("--kv-blocks", type=int, help="shared KV budget in blocks (default 1024, quick 256)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--no-experiments", action="store_true", help="only the chat workload comparison")
+    args = p.parse_args(argv)
+    args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(args.engine_list) - set(ENGINES)
+    if unknown:
+        p.error(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(ENGINES)}")
+    if args.arrival == "poisson" and (args.rate is None or args.rate <= 0):
+        p.error("--arrival poisson needs a positive --rate")
+    return args
+
+
+def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: Any, **kwargs: Any) -> workloads.Workload:
+    path = args.workloads / f"{kind}{'-quick' if mode is QUICK else ''}.jsonl" if args.workloads else None
+    if path is not None and path.is_file():
+        return workloads.load(path)
+    workload = workloads.build(kind, tokenizer, seed=args.seed, spec=mode.specs[kind],
+                               max_model_len=args.max_model_len, **kwargs)
+    if path is not None:
+        workloads.save(workload, path)
+    return workload
+
+
+def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str],
+                progress: bool) -> tuple[dict[str, EngineRun], dict[str, str]]:
+    """Every requested engine on the chat workload, one after the other, each with its own model copy."""
+    runs, skipped = {}, {}
+    for name in names:
+        if name == "llamacpp" and not llamacpp.available():
+            skipped[name] = llamacpp.unavailable_reason()
+            continue
+        if name == "hf_continuous" and not hf_continuous.available():
+            skipped[name] = "this transformers version has no continuous batching"
+            continue
+        runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_continuous": hf_continuous.run,
+                  "llamacpp": llamacpp.run}[name]
+        runs[name] = runner(chat, config, progress=progress)
+    return runs, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    progress = not args.quick and sys.stderr.isatty()
+    began = time.time()
+    model_path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    geometry = KVGeometry.from_hf_config(AutoConfig.from_pretrained(model_path))
+    kv_blocks = args.kv_blocks or mode.kv_blocks
+    config = RunConfig(model_path=model_path, geometry=geometry, block_size=args.block_size,
+                       kv_budget_tokens=kv_blocks * args.block_size, max_model_len=args.max_model_len,
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       seed=args.seed)
+
+    chat = load_or_build("chat", args, mode, tokenizer, arrival=args.arrival, rate=args.rate)
+    runs, skipped = run_engines(chat, config, args.engine_list, progress)
+    engines = {name: run.figures(config) for name, run in runs.items()}
+    result: dict[str, Any] = {
+        "mode": mode.name,
+        "machine": machine(),
+        "config": {"model": args.model, "kv_budget_tokens": config.kv_budget_tokens, "block_size": config.block_size,
+                   "max_model_len": config.max_model_len, "max_num_seqs": config.max_num_seqs,
+                   "max_num_batched_tokens": config.max_num_batched_tokens, "seed": args.seed,
+                   "kv_bytes_per_token": geometry.bytes_per_token},
+        "workload": {"kind": chat.kind, "num_requests": len(chat.requests), "output_tokens": chat.total_output_tokens,
+                     "prompt_tokens": sum(r.num_prompt_tokens for r in chat.requests), "arrival": args.arrival,
+                     "rate": args.rate, "max_sequence_len": chat.max_sequence_len},
+        "engines": engines,
+        "skipped": skipped,
+        "ratios": report.ratios(engines),
+        "fixed_budget": experiments.fixed_budget(chat, config, runs),
+    }
+    if "ours" in runs and not args.no_experiments:
+        result.update(run_experiments(args, mode, config, tokenizer, progress))
+    result["targets"] = [t.__dict__ for t in report.targets(result)]
+    result["elapsed_s"] = time.time() - began
+    if args.plot:
+        result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
+    if args.json:
+        print(json.dumps(result, default=_json_default))
+    else:
+        print(report.text_report(result))
+    return 0
+
+
+def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any,
+                    progress: bool) -> dict[str, Any]:
+    """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the roof)."""
+    out: dict[str, Any] = {}
+    engine = ours.make_engine(config)
+    hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
+    out["roofline"] = roofline.measure(engine, hf_model, config.model_path, mode.roofline_batches,
+                                       mode.roofline_steps)
+    del engine, hf_model
+    shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                           rate=SHARED_PREFIX_RATE[mode.name])
+    out["prefix_caching"] = experiments.prefix_caching(shared, config, progress)
+    out["parallel_sharing"] = experiments.parallel_sharing(load_or_build("parallel", args, mode, tokenizer),
+                                                           config, progress)
+    out["beam_sharing"] = experiments.beam_sharing(load_or_build("beam", args, mode, tokenizer), config)
+    out["long"] = ours.run(load_or_build("long", args, mode, tokenizer), config, progress=progress).figures(config)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """What this run ran on (the CPU model as lscpu reports it, and the cores torch uses)."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Turn the benchmark's result object into text tables, ratios of ours to each peer, and target verdicts.
+
+The targets are the issues' (2, 4 and 8), each checked as a ratio measured in this one run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1024**2
+
+# (column title, key in an engine's figures, format)
+ENGINE_COLUMNS = [
+    ("tok/s", "output_tokens_per_s", "{:.1f}"),
+    ("req/s", "requests_per_s", "{:.3f}"),
+    ("TTFT p50", "ttft_p50_s", "{:.2f}s"),
+    ("TTFT p90", "ttft_p90_s", "{:.2f}s"),
+    ("TTFT p99", "ttft_p99_s", "{:.2f}s"),
+    ("ITL p50", "itl_p50_s", "{:.3f}s"),
+    ("ITL p90", "itl_p90_s", "{:.3f}s"),
+    ("ITL p99", "itl_p99_s", "{:.3f}s"),
+    ("peak KV blocks", "kv_peak_blocks", "{}"),
+    ("peak KV MiB", "kv_peak_reserved_bytes", "mib"),
+    ("avg reserved MiB", "kv_avg_reserved_bytes", "mib"),
+    ("avg live MiB", "kv_avg_live_bytes", "mib"),
+    ("slot util (avg)", "kv_slot_utilization_avg", "{:.3f}"),
+    ("preemptions", "num_preemptions", "{}"),
+    ("prefix hit rate", "prefix_cache_hit_rate", "{:.2f}"),
+    ("prompt tok computed", "prompt_tokens_computed", "{}"),
+    ("max concurrent", "max_concurrent_requests", "{}"),
+]
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if spec == "mib":
+        return f"{value / MIB:.1f}"
+    return spec.format(value)
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def engines_table(engines: dict[str, dict[str, Any]]) -> str:
+    """Engines as columns, figures as rows (the table stays readable with many figures)."""
+    names = list(engines)
+    rows = [[title] + [fmt(engines[n].get(key), spec) for n in names] for title, key, spec in ENGINE_COLUMNS]
+    return markdown_table(["figure"] + names, rows)
+
+
+def ratios(engines: dict[str, dict[str, Any]], ours: str = "ours") -> dict[str, dict[str, float]]:
+    """Ours over each peer: throughput ratios (>1 = ours faster), TTFT ratio peer/ours (>1 = ours sooner)."""
+    if ours not in engines:
+        return {}
+    mine = engines[ours]
+    out = {}
+    for name, peer in engines.items():
+        if name == ours:
+            continue
+        out[name] = {
+            "output_tokens_per_s": mine["output_tokens_per_s"] / peer["output_tokens_per_s"],
+            "requests_per_s": mine["requests_per_s"] / peer["requests_per_s"],
+            "ttft_p50_peer_over_ours": peer["ttft_p50_s"] / mine["ttft_p50_s"],
+            "kv_avg_reserved_peer_over_ours": peer["kv_avg_reserved_bytes"] / mine["kv_avg_reserved_bytes"],
+        }
+    return out
+
+
+@dataclass
+class Target:
+    issue: int
+    what: str
+    value: float | None
+    goal: str  # e.g. ">= 4"
+    met: bool | None  # None: not measured in this run
+
+    def row(self) -> list[str]:
+        verdict = "not measured" if self.met is None else ("met" if self.met else "MISSED")
+        shown = "n/a" if self.value is None else f"{self.value:.3f}"
+        return [str(self.issue), self.what, shown, self.goal, verdict]
+
+
+def _at_least(issue: int, what: str, value: float | None, goal: float) -> Target:
+    return Target(issue, what, value, f">= {goal:g}", None if value is None else value >= goal)
+
+
+def _at_most(issue: int, what: str, value: float | None, goal: float) -> Target:
+    return Target(issue, what, value, f"<= {goal:g}", None if value is None else value <= goal)
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Every target of issues 2, 4 and 8 that this run's result can speak to."""
+    r = result.get("ratios", {})
+    engines = result.get("engines", {})
+    tput = {peer: v["output_tokens_per_s"] for peer, v in r.items()}
+    roof = {row["batch"]: row["ours_fraction_of_roofline"] for row in result.get("roofline", {}).get("decode", [])}
+    prefix = result.get("prefix_caching", {})
+    parallel = result.get("parallel_sharing", {})
+    budget = result.get("fixed_budget", {})
+    util = engines.get("ours", {}).get("kv_slot_utilization_avg")
+    return [
+        _at_least(2, "output tok/s, ours / HF static", tput.get("hf_static"), 2),
+        _at_least(8, "output tok/s, ours / HF static (same KV budget)", tput.get("hf_static"), 4),
+        _at_least(8, "output tok/s, ours / HF continuous batching", tput.get("hf_continuous"), 1.5),
+        _at_least(8, "output tok/s, ours / llama.cpp (16 concurrent)", result.get("llamacpp_16", {}).get("ratio"), 1),
+        _at_least(2, "time-averaged kv_slot_utilization (ours)", util, 0.96),
+        _at_least(8, "sequences held in the fixed budget, paging / max-length pre-allocation",
+                  budget.get("paging_vs_max_length_prealloc"), 4),
+        _at_least(8, "decode at batch 64, fraction of matmul roofline", roof.get(64), 0.40),
+        _at_least(4, "shared prefix: prompt tokens computed, reduction", prefix.get("prompt_tokens_computed_reduction"), 0.85),
+        _at_least(4, "shared prefix: TTFT p50 off / on", prefix.get("ttft_p50_speedup"), 3),
+        _at_most(4, "n=4: peak KV blocks shared / unshared", parallel.get("peak_blocks_ratio"), 0.40),
+    ]
+
+
+def targets_table(result: dict[str, Any]) -> str:
+    return markdown_table(["issue", "target", "value", "goal", "verdict"], [t.row() for t in targets(result)])
+
+
+def text_report(result: dict[str, Any]) -> str:
+    """The human-readable report printed at the end of a run (markdown, so it pastes into BENCHMARKS.md)."""
+    parts = [f"## chat workload ({result['workload']['num_requests']} requests, "
+             f"{result['workload']['output_tokens']} output tokens, arrival {result['workload']['arrival']})",
+             engines_table(result["engines"])]
+    for name, note in result.get("skipped", {}).items():
+        parts.append(f"- {name}: skipped ({note})")
+    if result.get("ratios"):
+        parts.append("### ours / peer")
+        parts.append(markdown_table(
+            ["peer", "tok/s ratio", "req/s ratio", "TTFT p50 peer/ours", "avg KV reserved peer/ours"],
+            [[peer, f"{v['output_tokens_per_s']:.2f}", f"{v['requests_per_s']:.2f}",
+              f"{v['ttft_p50_peer_over_ours']:.2f}", f"{v['kv_avg_reserved_peer_over_ours']:.2f}"]
+             for peer, v in result["ratios"].items()]))
+    if "fixed_budget" in result:
+        parts.append(fixed_budget_section(result["fixed_budget"]))
+    if "roofline" in result:
+        parts.append(roofline_section(result["roofline"]))
+    if "prefix_caching" in result:
+        parts.append(pair_section("prefix caching (shared-prefix workload)", result["prefix_caching"], "on", "off"))
+    if "parallel_sharing" in result:
+        parts.append(pair_section("n=4 parallel sampling", result["parallel_sharing"], "shared", "unshared"))
+    if "beam_sharing" in result:
+        parts.append(f"### beam width 4\n{result['beam_sharing']}")
+    if "long" in result:
+        parts.append("### long prompts (near max_model_len), ours\n" + engines_table({"ours": result["long"]}))
+    parts.append("### targets\n" + targets_table(result))
+    return "\n\n".join(parts)
+
+
+def fixed_budget_section(budget: dict[str, Any]) -> str:
+    cap = budget["capacity"]
+    rows = [["max-length pre-allocation", f"{cap['max_length_prealloc']}"],
+            ["padded to the workload's longest", f"{cap['padded_to_longest']}"],
+            ["paging (average sequence)", f"{cap['paging']:.1f}"]]
+    measured = [[name, str(m["max_concurrent_requests"]), f"{m['output_tokens_per_s']:.1f}"]
+                for name, m in budget["measured"].items()]
+    return (f"### fixed KV budget ({budget['kv_budget_tokens']} token slots)\n"
+            + markdown_table(["policy", "sequences held at once"], rows) + "\n\n"
+            + markdown_table(["engine", "max concurrent (measured)", "tok/s"], measured))
+
+
+def roofline_section(roof: dict[str, Any]) -> str:
+    rows = [[str(r["batch"]), f"{r['ours_step_s'] * 1000:.1f}", f"{r['ours_tokens_per_s']:.1f}",
+             f"{r['ours_fraction_of_roofline']:.3f}",
+             fmt(r.get("hf_tokens_per_s"), "{:.1f}")] for r in roof["decode"]]
+    return (f"### roofline (matmul {roof['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, "
+            f"{roof['model_flops_per_token'] / 1e6:.0f} MFLOP/token)\n"
+            + markdown_table(["batch", "ours step ms", "ours tok/s", "fraction of roof", "HF generate tok/s"], rows))
+
+
+def pair_section(title: str, pair: dict[str, Any], a: str, b: str) -> str:
+    keys = [("prompt tok computed", "prompt_tokens_computed", "{}"), ("TTFT p50", "ttft_p50_s", "{:.2f}s"),
+            ("tok/s", "output_tokens_per_s", "{:.1f}"), ("peak KV blocks", "kv_peak_blocks", "{}"),
+            ("prefix hit rate", "prefix_cache_hit_rate", "{:.2f}")]
+    rows = [[t, fmt(pair[a].get(k), s), fmt(pair[b].get(k), s)] for t, k, s in keys]
+    return f"### {title}\n" + markdown_table(["figure", a, b], rows)
