@@ -95,7 +95,6 @@ function setBusy(busy) {
   els.send.hidden = busy;
   els.stop.hidden = !busy;
   transcript.setRegenerable(!busy);
-  els.app.classList.toggle("busy", busy);
 }
 
 function updateEmptyState() {

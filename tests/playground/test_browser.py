@@ -208,6 +208,14 @@ def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page)
     assert page.locator("#conv-list li.active .conv-title").inner_text().startswith("Name a colour.")
     assert "/c/" in page.url
 
+    # Regenerate replaces the reply (greedy, so with the same text) instead of adding a turn.
+    first_text = reply_text(page)
+    page.click(".msg-assistant .regenerate")
+    page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
+                           timeout=120_000)  # fmt: skip
+    assert page.locator(".msg-assistant").count() == 1 and page.locator(".msg-user").count() == 1
+    assert reply_text(page) == first_text
+
 
 def test_rejected_prompt_shows_the_error_and_the_page_recovers(server, page):
     page.goto(server["base_url"] + "/")
