@@ -21,6 +21,11 @@ function clockTime(t) {
   return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
 }
 
+/** Whole-second tick steps: sub-second ticks would repeat the same hh:mm:ss label. */
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600];
+/** Whole-number tick steps for counts (requests, preemptions). */
+const COUNT_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000];
+
 export class LiveChart {
   /**
    * @param {HTMLElement} container  element the chart fills (its width is tracked)
@@ -58,8 +63,10 @@ export class LiveChart {
         })),
       ],
       axes: [
-        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, values: (_u, ticks) => ticks.map(clockTime) },
+        { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, space: 70, incrs: TIME_STEPS,
+          values: (_u, ticks) => ticks.map(clockTime) },
         { stroke: axis, grid: { stroke: grid }, ticks: { stroke: grid }, size: 52,
+          ...(digits === 0 ? { incrs: COUNT_STEPS } : {}),
           values: (_u, ticks) => ticks.map((t) => `${t}${unit}`) },
       ],
     };
