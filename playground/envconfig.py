@@ -64,6 +64,5 @@ def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
-            "CONN_MAX_AGE": 60,
         }
     raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite or postgres)")

@@ -71,6 +71,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 raise InvalidInput("type must be 'generate' or 'cancel'")
         except (InvalidInput, store.ConversationNotFound) as exc:
             await self.send_json({"type": "error", "message": str(exc)})
+        except Exception:  # a server fault (database down...): say so, keep the socket and its other requests
+            logger.exception("failed to handle a frame")
+            await self.send_json({"type": "error", "message": "internal server error"})
 
     async def generate(self, request: Generate) -> None:
         conversation = await database_sync_to_async(store.open_conversation)(
@@ -157,7 +160,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         while self.pending:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             for request_id, pending in list(self.pending.items()):
-                problem = await self.problem_with(pending)
+                try:
+                    problem = await self.problem_with(pending)
+                except Exception:  # registry unreachable: judge again next round
+                    logger.exception("watchdog could not check request %s", request_id)
+                    continue
                 if problem is not None:
                     await dispatch.abort(request_id)
                     await self.fail(request_id, problem)

@@ -325,3 +325,32 @@ def test_anonymous_socket_refused_when_anonymous_use_is_off(settings):
 
     connected, code = run(scenario())
     assert connected is False and code == 4401
+
+
+def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
+    from playground.chat import store
+
+    real_open = store.open_conversation
+    calls = []
+
+    def flaky_open(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("database is down")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(store, "open_conversation", flaky_open)
+
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            await ws.send_json_to(generate())
+            error = await ws.receive_json_from(timeout=5)
+            await ws.send_json_to(generate(max_tokens=3))
+            after = await until_end(ws)
+            await ws.disconnect()
+            return error, after
+
+    error, after = run(scenario())
+    assert error == {"type": "error", "message": "internal server error"}
+    assert after[-1]["type"] == "done"
