@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 def run_kernel_tests(on_gpu: bool, full: bool) -> str:
     """The kernel tests in a subprocess: compiled on the GPU (TRITON_INTERPRET=0), interpreted on the CPU."""
     env = {**os.environ, "TRITON_INTERPRET": "0" if on_gpu else "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "pytest", str(REPO / "tests" / "kernels"), "-q", "-p", "no:cacheprovider",
-               "--ignore", str(REPO / "tests" / "kernels" / "test_kernel_bench.py"), *([] if full else ["-m", "not slow"])]
+    tests = REPO / "tests" / "kernels"
+    command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider",
+               "--ignore", str(tests / "test_kernel_bench.py"), *([] if full else ["-m", "not slow"])]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
     if result.returncode != 0:
@@ -222,7 +223,7 @@ def engine_throughput(on_gpu: bool) -> list[str]:
         tokens[backend] = [o.outputs[0].token_ids for o in outputs]
         generated = sum(len(t) for t in tokens[backend])
         notes.append(f"engine throughput ({backend}): {len(prompts)} prompts, {generated} tokens in {elapsed:.2f} s "
-                     f"= {generated / elapsed:.0f} tok/s")
+                     f"= {generated / elapsed:.1f} tok/s")
         del llm
         gc.collect()
         if on_gpu:
