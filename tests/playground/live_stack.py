@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -127,3 +128,59 @@ class LiveStack:
                 except subprocess.TimeoutExpired:
                     process.kill()
         redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db).flushdb()
+
+
+class EmbeddedServer:
+    """`python manage.py playground` in a subprocess: SQLite, in-memory broker and channel layer, one
+    in-process worker with the real model. `url` is what the command printed."""
+
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
+        self.url: str | None = None
+        env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+        env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(workdir), PYTHONUNBUFFERED="1", **(extra_env or {}))
+        self.log_path = workdir / "embedded.log"
+        self._log = open(self.log_path, "w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "playground", "--port", str(self.port)],
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def wait_url(self, timeout: float = 120) -> str:
+        """The URL the command printed once it listens."""
+        deadline = time.monotonic() + timeout
+        while self.url is None:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded server did not start; see {self.log_path}")
+            time.sleep(0.3)
+            found = re.search(r"running at (http://\S+)", self.log_path.read_text())
+            self.url = found.group(1) if found else None
+        return self.url
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Until /healthz shows the in-process worker's engine loaded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urlopen(f"{self.base_url}/healthz", timeout=5) as response:
+                    if json.load(response)["status"] == "ok":
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the embedded worker did not get ready; see {self.log_path}")
+            time.sleep(0.3)
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM, as Ctrl-C or a service manager would; returns the exit code (kills after `timeout`)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        finally:
+            self._log.close()

@@ -3,7 +3,6 @@ import json
 import uuid
 
 import pytest
-from django.core.cache import cache
 
 from playground.chat import store
 from playground.chat.models import Conversation
@@ -12,13 +11,6 @@ from playground.serving import dispatch, registry
 pytestmark = pytest.mark.django_db
 
 HELLO = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello   there\nfriend"}]
-
-
-@pytest.fixture(autouse=True)
-def clear_cache():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def anonymous_conversation(client) -> Conversation:
