@@ -89,6 +89,14 @@ def test_decode_long_context_default_partitions(triton_ops, device):
     check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
 
 
+def test_head_dim_that_is_not_a_power_of_two(triton_ops, device):
+    """head_dim 80 is padded to 128 inside the kernels; the padding must not leak into scores or outputs."""
+    decode = make_case(16, 3, 80, "fp32", None, device)
+    check_both(decode, run_decode(triton_ops, decode), run_decode(reference, decode))
+    prefill = make_case(16, 3, 80, "fp32", [1, 15, 16, 9, 30], device)
+    check_both(prefill, run_prefill(triton_ops, prefill), run_prefill(reference, prefill))
+
+
 def test_prefill_single_token_rows_equal_decode(triton_ops, device):
     """q_len 1 everywhere: the prefill kernel must agree with the decode kernel on the same batch."""
     case = make_case(16, 3, 64, "fp32", None, device)
