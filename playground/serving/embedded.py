@@ -1,4 +1,4 @@
-"""The in-process GPU worker of the embedded mode: a real Celery worker (threads pool) in a thread.
+"""The embedded mode: daphne and a real Celery worker (threads pool, in-process) in one process.
 
 Requests still go Celery task -> engine -> channel layer -> websocket, exactly as with separate workers;
 only the transports are in-memory. The worker sends through the web server's event loop, the one loop the
@@ -7,7 +7,10 @@ in-memory channel layer can serve.
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server, twisted_loop
 from django.conf import settings
 
 from playground.celery import app as celery_app
@@ -37,3 +40,29 @@ class EmbeddedWorker:
     def stop(self) -> None:
         self._controller.stop()
         self._thread.join(timeout=10)
+
+
+def serve(host: str, port: int, on_ready: Callable[[], None]) -> None:
+    """Serve the site and one GPU worker until the server stops (SIGINT/SIGTERM or `stop_serving`)."""
+    from playground.asgi import application
+
+    embedded_worker = EmbeddedWorker(twisted_loop)
+    server = Server(
+        application,
+        endpoints=build_endpoint_description_strings(host=host, port=port),
+        ready_callable=on_ready,
+        websocket_max_message_size=settings.PLAYGROUND_LIMITS["max_frame_bytes"] * 2,
+        verbosity=0,
+    )
+    embedded_worker.start()
+    try:
+        server.run()
+    finally:
+        embedded_worker.stop()
+
+
+def stop_serving() -> None:
+    """Stop `serve` from any thread."""
+    from twisted.internet import reactor
+
+    reactor.callFromThread(reactor.stop)

@@ -4,13 +4,10 @@ Migrates the database, starts an in-process Celery GPU worker, and serves the si
 daphne. With REDIS_URL set the same command uses Redis for the broker and channel layer, so more workers
 (`celery -A playground worker -Q gpu`) can join it.
 """
-from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server, twisted_loop
-from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
-from playground.serving.embedded import EmbeddedWorker
+from playground.serving import embedded
 
 
 class Command(BaseCommand):
@@ -24,25 +21,11 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, skip_migrate: bool, **options) -> None:
         if not skip_migrate:
             call_command("migrate", interactive=False, verbosity=0)
-        from playground.asgi import application
-
-        worker = EmbeddedWorker(twisted_loop)
         shown_host = f"[{host}]" if ":" in host else host
         url = f"http://{shown_host}:{port}/"
 
         def ready() -> None:
-            self.stdout.write(f"Paged Playground is running at {url}  (model loads in the background)", ending="\n")
+            self.stdout.write(f"Paged Playground is running at {url}  (model loads in the background)")
             self.stdout.flush()
 
-        server = Server(
-            application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            ready_callable=ready,
-            websocket_max_message_size=settings.PLAYGROUND_LIMITS["max_frame_bytes"] * 2,
-            verbosity=0,
-        )
-        worker.start()
-        try:
-            server.run()
-        finally:
-            worker.stop()
+        embedded.serve(host, port, ready)
