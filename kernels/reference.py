@@ -43,6 +43,8 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     """
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, query.shape[0])
     out = validation.output_for(query, out)
+    if query.shape[0] == 0:
+        return out
     mask = _positions(key_cache, context_lens)[None, None, :] < context_lens.long()[:, None, None]
     out.copy_(_attend(query[:, None], key_cache, value_cache, block_tables, context_lens, mask, scale)[:, 0])
     return out
@@ -128,7 +130,7 @@ def _gather(cache: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor
     context are zeroed: they may hold anything (even NaN), and a masked score still multiplies its value.
     """
     block_size = cache.shape[1]
-    num_blocks = max(1, -(-int(context_lens.max()) // block_size)) if context_lens.numel() else 1
+    num_blocks = _padded_length(context_lens, block_size) // block_size
     needed = torch.arange(num_blocks, device=cache.device) * block_size < context_lens.long()[:, None]
     table = torch.where(needed, block_tables[:, :num_blocks].long(), 0)
     gathered = cache.index_select(0, table.flatten()).view(table.shape[0], num_blocks * block_size,
@@ -139,7 +141,11 @@ def _gather(cache: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor
 
 
 def _positions(key_cache: Tensor, context_lens: Tensor) -> Tensor:
-    """Token positions ``0..L-1`` with L the longest context rounded up to whole blocks."""
-    block_size = key_cache.shape[1]
+    """Token positions ``0..L-1``, L as in ``_padded_length``: the columns of the gathered K/V."""
+    return torch.arange(_padded_length(context_lens, key_cache.shape[1]), device=key_cache.device)
+
+
+def _padded_length(context_lens: Tensor, block_size: int) -> int:
+    """The longest context rounded up to whole blocks (at least one block, so shapes are never empty)."""
     longest = int(context_lens.max()) if context_lens.numel() else 0
-    return torch.arange(max(1, -(-longest // block_size)) * block_size, device=key_cache.device)
+    return max(1, -(-longest // block_size)) * block_size

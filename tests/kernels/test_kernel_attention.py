@@ -133,3 +133,15 @@ def test_bad_shapes_are_rejected(triton_ops, device, backend):
     with pytest.raises(ValueError, match="out"):
         ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
                                    case.context_lens, case.scale, out=case.query[:2])
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_empty_batch_gives_empty_output(triton_ops, device, backend):
+    ops = triton_ops if backend == "triton" else reference
+    cache = torch.zeros(2, 8, 1, 64, device=device)
+    query = torch.zeros(0, 2, 64, device=device)
+    tables = torch.zeros(0, 3, dtype=torch.int32, device=device)
+    lens = torch.zeros(0, dtype=torch.int32, device=device)
+    starts = torch.zeros(1, dtype=torch.int32, device=device)
+    assert ops.paged_attention_decode(query, cache, cache, tables, lens, 0.125).shape == (0, 2, 64)
+    assert ops.paged_attention_prefill(query, cache, cache, tables, lens, starts, 0.125).shape == (0, 2, 64)
