@@ -1,0 +1,99 @@
+"""StreamingEngine: many callers, one loop thread; deltas add up to the final text; aborts free blocks."""
+
+import asyncio
+import threading
+
+import pytest
+
+from inference import SamplingParams, StreamingEngine
+from tests.inference.conftest import ORACLE_PROMPTS, get_llm
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = StreamingEngine(num_kv_blocks=256)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def idle(engine):
+    engine.engine.check_integrity()
+    return engine.engine.metrics()["num_blocks_used"] == 0
+
+
+def collect(stream):
+    texts, ids = {}, {}
+    for delta in stream:
+        texts[delta.index] = texts.get(delta.index, "") + delta.text
+        ids.setdefault(delta.index, []).extend(delta.token_ids)
+    return texts, ids
+
+
+def test_deltas_concatenate_to_the_offline_greedy_output(engine):
+    params = SamplingParams(temperature=0, max_tokens=20)
+    offline = get_llm().generate(ORACLE_PROMPTS[:4], params)
+    streams = [engine.add_request(p, params) for p in ORACLE_PROMPTS[:4]]
+    for stream, want in zip(streams, offline):
+        texts, ids = collect(stream)
+        assert texts[0] == stream.final.outputs[0].text == want.outputs[0].text
+        assert ids[0] == want.outputs[0].token_ids
+    assert idle(engine)
+
+
+def test_concurrent_threads_share_one_batch(engine):
+    params = SamplingParams(temperature=0, max_tokens=12)
+    results = {}
+
+    def client(i):
+        stream = engine.add_request(ORACLE_PROMPTS[i % 8], params)
+        results[i] = collect(stream)[0][0]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    offline = get_llm().generate(ORACLE_PROMPTS, params)
+    assert [results[i] for i in range(8)] == [o.outputs[0].text for o in offline]
+    assert idle(engine)
+
+
+def test_async_iteration_and_chat_messages(engine):
+    async def run():
+        stream = engine.add_request(None, SamplingParams(temperature=0, max_tokens=16),
+                                    messages=[{"role": "user", "content": "Name a fruit."}])
+        return "".join([d.text async for d in stream]), stream
+
+    text, stream = asyncio.run(run())
+    assert text == stream.final.outputs[0].text and text
+
+
+def test_abort_frees_blocks_and_ends_the_stream(engine):
+    stream = engine.add_request("Count to one thousand:", SamplingParams(temperature=0, max_tokens=500,
+                                                                         ignore_eos=True))
+    first = stream.get(timeout=60)
+    assert first is not None
+    engine.abort(stream.request_id)
+    rest = list(stream)
+    assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"
+    assert stream.final.outputs[0].finish_reason == "abort"
+    assert len(stream.final.outputs[0].token_ids) < 500
+    assert idle(engine)
+
+
+def test_bad_request_fails_alone_while_others_run(engine):
+    good = engine.add_request("Tell me about cats.", SamplingParams(temperature=0, max_tokens=16))
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request("word " * 3000, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("", SamplingParams(max_tokens=4))
+    texts, _ = collect(good)
+    assert good.final.outputs[0].finish_reason in ("stop", "length") and texts[0] == good.final.outputs[0].text
+    assert idle(engine)
+
+
+def test_stream_holds_back_a_possible_stop_string(engine):
+    params = SamplingParams(temperature=0, max_tokens=20, stop=" 7,")
+    texts, _ = collect(engine.add_request("1, 2, 3, 4,", params))
+    assert texts[0] == " 5, 6,"
