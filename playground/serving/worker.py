@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
@@ -47,19 +48,19 @@ class WorkerRuntime:
         self._live: set[str] = set()
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
-        self._control_tasks: list[Any] = []
+        self._abort_listener: Future | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         self.bridge.start()
         threading.Thread(target=self.service.load, name="engine-load", daemon=True).start()
         threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True).start()
-        self._control_tasks = [self.bridge.submit(self._listen_for_aborts())]
+        self._abort_listener = self.bridge.submit(self._listen_for_aborts())
 
     def stop(self) -> None:
         self._stopping.set()
-        for task in self._control_tasks:
-            task.cancel()
+        if self._abort_listener is not None:
+            self._abort_listener.cancel()
         try:
             registry.forget(self.name)
         except Exception:
@@ -87,7 +88,18 @@ class WorkerRuntime:
             self._stopping.wait(interval)
 
     async def _listen_for_aborts(self) -> None:
+        """Serve `gen.abort` messages of the control group for the worker's life, surviving layer errors."""
         layer = get_channel_layer()
+        while True:
+            try:
+                await self._receive_aborts(layer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("abort listener failed; joining the control group again")
+                await asyncio.sleep(1)
+
+    async def _receive_aborts(self, layer) -> None:
         channel = await layer.new_channel("gpu.control.")
         loop = asyncio.get_running_loop()
         rejoin_at = 0.0
