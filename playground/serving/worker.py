@@ -23,7 +23,6 @@ from typing import Any
 from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 from . import registry
 from .bridge import LoopBridge
@@ -191,7 +190,8 @@ def current() -> WorkerRuntime:
 def _start_runtime(sender, **kwargs) -> None:
     global _runtime
     if "prefork" in str(getattr(sender, "pool_cls", "")).lower():
-        raise ImproperlyConfigured("GPU workers share one engine per process: use --pool threads (the default)")
+        # SystemExit, because Celery logs and swallows ordinary exceptions raised by signal handlers.
+        raise SystemExit("GPU workers share one engine per process: run them with --pool threads (the default)")
     _runtime = WorkerRuntime(sender.hostname, EngineService(settings.PLAYGROUND_ENGINE), LoopBridge(_shared_loop))
     _runtime.start()
 

@@ -354,3 +354,12 @@ def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
     error, after = run(scenario())
     assert error == {"type": "error", "message": "internal server error"}
     assert after[-1]["type"] == "done"
+
+
+def test_a_prefork_worker_refuses_to_start():
+    from types import SimpleNamespace
+
+    from playground.serving import worker as worker_module
+
+    with pytest.raises(SystemExit, match="--pool threads"):
+        worker_module._start_runtime(SimpleNamespace(pool_cls="prefork", hostname="w@h"))
