@@ -1,0 +1,241 @@
+"""Browser tests of the admin memory view's rendering, against scripted worker snapshots.
+
+The real templates and static files are served by a tiny HTTP server; inside the page, `WebSocket` is
+replaced by a test double (installed by the test, never shipped) that delivers the snapshots the test
+writes and records the frames the page sends. This checks the snapshot → picture mapping exactly: block
+states and counts, tooltips, block tables, actions, charts and the contiguous-vs-paged bars.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from django.template.loader import render_to_string
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+
+# In-page test double for WebSocket: the test pushes frames with __deliver(obj); sent frames land in __sent.
+FAKE_SOCKET = """
+window.__sent = [];
+window.__sockets = [];
+class ScriptedSocket extends EventTarget {
+  static CONNECTING = 0; static OPEN = 1; static CLOSING = 2; static CLOSED = 3;
+  constructor(url) {
+    super();
+    this.url = url;
+    this.readyState = 0;
+    window.__sockets.push(this);
+    setTimeout(() => { this.readyState = 1; this.dispatchEvent(new Event('open')); }, 0);
+  }
+  send(data) { window.__sent.push(JSON.parse(data)); }
+  close() { this.readyState = 3; this.dispatchEvent(new Event('close')); }
+}
+window.WebSocket = ScriptedSocket;
+window.__deliver = (obj) => window.__sockets.at(-1).dispatchEvent(
+  new MessageEvent('message', { data: JSON.stringify(obj) }));
+"""
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 32
+MAX_LEN = 512
+
+
+def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: list[int], tokens_per_s: float) -> dict:
+    """A snapshot in the documented shape, consistent with the given block tables and cached blocks."""
+    ref_counts = [0] * NUM_BLOCKS
+    owners: dict[str, list[str]] = {}
+    for request_id, table in tables.items():
+        for block in table:
+            ref_counts[block] += 1
+            owners.setdefault(str(block), []).append(request_id)
+    states = "".join(
+        ("s" if ref > 1 else "u") if ref else ("c" if block in cached else "f") for block, ref in enumerate(ref_counts)
+    )
+    used = sum(1 for ref in ref_counts if ref)
+    return {
+        "type": "snapshot",
+        "worker": worker,
+        "time": time,
+        "metrics": {
+            "block_size": BLOCK_SIZE, "num_blocks_total": NUM_BLOCKS, "num_blocks_used": used,
+            "num_blocks_cached": len(cached), "num_blocks_free": NUM_BLOCKS - used - len(cached),
+            "kv_cache_usage": used / NUM_BLOCKS, "kv_slot_utilization": 0.75,
+            "num_requests_running": len(tables), "num_requests_waiting": 1, "num_preemptions_total": 2,
+            "prefix_cache_queries_total": 10, "prefix_cache_hits_total": 4, "generation_tokens_total": 100,
+        },  # fmt: skip
+        "tokens_per_s": tokens_per_s,
+        "block_map": {"states": states, "ref_counts": ref_counts, "owners": owners},
+        "requests": [
+            {"request_id": rid, "block_table": table, "context_len": len(table) * BLOCK_SIZE - 3, "max_len": MAX_LEN}
+            for rid, table in tables.items()
+        ],
+        "contiguous_reserved_blocks": len(tables) * math.ceil(MAX_LEN / BLOCK_SIZE),
+    }
+
+
+# Request "alpha" and "beta" share their first two blocks (a common prompt prefix); 7 and 8 are cached.
+TABLES = {"alpha": [0, 1, 2], "beta": [0, 1, 5, 6]}
+CACHED = [7, 8]
+
+
+class HarnessHandler(SimpleHTTPRequestHandler):
+    """Serves /memory/ (the real template, rendered) and /static/ (the real files); nothing else."""
+
+    def __init__(self, *args, page_html: str, **kwargs) -> None:
+        self.page_html = page_html
+        super().__init__(*args, directory=str(REPO), **kwargs)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path == "/memory/":
+            body = self.page_html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path.startswith("/static/") and ".." not in self.path:
+            super().do_GET()
+        else:
+            self.send_error(404)
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def harness_url():
+    html = render_to_string("memory/index.html", {"memory_config": {"ws_path": "/ws/memory/"}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, page_html=html))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/memory/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, harness_url):
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    context.add_init_script(FAKE_SOCKET)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(harness_url)
+    page.wait_for_selector('#conn[data-status="open"]')
+    yield page
+    context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def deliver(page, frame: dict) -> None:
+    page.evaluate("(frame) => window.__deliver(frame)", frame)
+
+
+def card(page, worker: str):
+    return page.locator(f'.worker[data-worker="{worker}"]')
+
+
+def test_block_map_shows_each_block_state_and_hover_tells_ref_count_and_owners(page):
+    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
+    canvas = card(page, "w1").locator("canvas.blockmap")
+    counts = {state: canvas.get_attribute(f"data-{state}") for state in ("used", "shared", "cached", "free")}
+    # Blocks 2, 5, 6 used by one request; 0 and 1 shared; 7 and 8 cached; the other 25 free.
+    assert counts == {"used": "3", "shared": "2", "cached": "2", "free": "25"}
+    legend = {state: card(page, "w1").locator(f'[data-count="{state}"]').inner_text() for state in counts}
+    assert legend == counts
+
+    box = canvas.bounding_box()
+    pitch = 12 + 2  # cell size for a small pool, plus the gap
+
+    def hover_block(block: int) -> str:
+        page.mouse.move(box["x"] + block * pitch + 6, box["y"] + 6)
+        tip = page.locator("#block-tip")
+        tip.wait_for(state="visible")
+        return tip.inner_text()
+
+    assert hover_block(0) == "Block 0 · shared\nref count 2\nowners: alpha, beta"
+    assert hover_block(5) == "Block 5 · used\nref count 1\nowners: beta"
+    assert hover_block(7) == "Block 7 · cached\nref count 0\nowners: none"
+    assert hover_block(20) == "Block 20 · free\nref count 0\nowners: none"
+
+
+def test_requests_show_block_tables_and_actions_send_frames(page):
+    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
+    rows = card(page, "w1").locator(".requests tbody tr")
+    assert rows.count() == 2
+    beta = card(page, "w1").locator('.requests tr[data-request-id="beta"]')
+    chips = beta.locator(".chip")
+    assert [c.replace("\n", "") for c in chips.all_inner_texts()] == ["0→0", "1→1", "2→5", "3→6"]
+    assert [("shared" in (c.get_attribute("class") or "")) for c in chips.all()] == [True, True, False, False]
+    assert "61 / 512 tokens" in beta.locator(".req-size").inner_text()
+    assert "4 of 32 blocks" in beta.locator(".req-size").inner_text()
+
+    beta.locator("button", has_text="Abort").click()
+    card(page, "w1").locator(".reset-cache").click()
+    assert page.evaluate("window.__sent") == [
+        {"type": "abort", "worker": "w1", "request_id": "beta"},
+        {"type": "reset_prefix_cache", "worker": "w1"},
+    ]
+    assert beta.locator("button").inner_text() == "Aborting…"
+    # The next snapshot no longer lists beta: its row and its blocks are gone.
+    deliver(page, snapshot("w1", 1001.0, {"alpha": [0, 1, 2]}, CACHED + [5, 6], 40.0))
+    assert rows.count() == 1
+    assert card(page, "w1").locator("canvas.blockmap").get_attribute("data-shared") == "0"
+
+
+def test_charts_gain_points_and_contiguous_bar_shows_the_waste(page):
+    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
+    charts = card(page, "w1").locator(".chart")
+    assert charts.count() == 4
+    assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"1"}
+    deliver(page, snapshot("w1", 1000.5, {"alpha": [0, 1, 2, 3]}, CACHED, 60.0))
+    deliver(page, snapshot("w1", 1001.0, {"alpha": [0, 1, 2, 3, 4]}, CACHED, 70.0))
+    assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"3"}
+    figures = card(page, "w1").locator(".kv-figures")
+    assert figures.locator('[data-figure="kv_usage"] dd').inner_text() == f"{100 * 5 / NUM_BLOCKS:.1f}%"
+    assert figures.locator('[data-figure="requests"] dd').inner_text() == "1 / 1"
+    assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "70.0"
+
+    # One request of max length 512 would pin 32 blocks contiguously: the whole pool, against 5 paged.
+    reservation = card(page, "w1").locator(".reservation")
+    assert reservation.locator('[data-label="paged"]').inner_text().startswith("5 blocks")
+    assert reservation.locator('[data-label="contiguous"]').inner_text().startswith("32 blocks · 100.0%")
+    assert "6.4× less" in reservation.locator('[data-label="saving"]').inner_text()
+    deliver(page, snapshot("w1", 1002.0, TABLES, CACHED, 70.0))  # two requests: 64 blocks, twice the pool
+    assert "would not fit" in reservation.locator('[data-label="contiguous"]').inner_text()
+    assert "overflow" in reservation.get_attribute("class")
+
+
+def test_several_workers_appear_side_by_side_and_errors_are_shown(page):
+    deliver(page, snapshot("w2", 1000.0, {"gamma": [3]}, [], 10.0))
+    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
+    assert page.locator(".worker").evaluate_all("els => els.map(e => e.dataset.worker)") == ["w1", "w2"]
+    one, two = card(page, "w1").bounding_box(), card(page, "w2").bounding_box()
+    assert one["y"] == two["y"] and one["x"] + one["width"] <= two["x"]
+    assert page.locator("#no-workers").is_hidden()
+
+    deliver(page, {"type": "error", "message": "worker w9 is not alive"})
+    assert page.locator("#toast").inner_text() == "worker w9 is not alive"
