@@ -8,7 +8,8 @@
 import { JsonSocket } from "../common/socket.js";
 import { WorkerCard } from "./worker.js";
 
-const config = JSON.parse(document.getElementById("memory-config")?.textContent || "null") ?? {};
+/** The feed's path is fixed by issue 6; the view needs no context from Django. */
+const FEED_PATH = "/ws/memory/";
 const $ = (id) => document.getElementById(id);
 const workersEl = $("workers");
 const template = $("worker-card");
@@ -61,7 +62,7 @@ function handleFrame(msg) {
   }
 }
 
-const socket = new JsonSocket(config.ws_path ?? "/ws/memory/", {
+const socket = new JsonSocket(FEED_PATH, {
   onMessage: handleFrame,
   onStatus: (status) => {
     conn.dataset.status = status;

@@ -119,7 +119,7 @@ class HarnessHandler(SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def harness_url():
-    html = render_to_string("memory/index.html", {"memory_config": {"ws_path": "/ws/memory/"}})
+    html = render_to_string("memory/index.html")
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, page_html=html))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
