@@ -55,6 +55,7 @@ export class ReplyView {
     this.frame = null;
     this.el = el("article", "msg msg-assistant");
     this.el.dataset.state = "streaming";
+    this.el.setAttribute("aria-busy", "true"); // screen readers announce the reply once, when it is complete
     this.samplesEl = el("div", "samples");
     this.samplesEl.style.setProperty("--n", String(n));
     this.samplesEl.classList.toggle("multi", n > 1);
@@ -129,6 +130,7 @@ export class ReplyView {
     texts.forEach((t, i) => this.setText(i, t));
     this.flush();
     this.el.dataset.state = "done";
+    this.el.removeAttribute("aria-busy");
     finishReasons.forEach((reason, i) => {
       this.finishBadges[i].textContent = reason ? FINISH_LABELS[reason] ?? reason : "";
       this.finishBadges[i].dataset.reason = reason ?? "";
@@ -155,6 +157,7 @@ export class ReplyView {
   fail(message) {
     this.flush();
     this.el.dataset.state = "error";
+    this.el.removeAttribute("aria-busy");
     this.bodies.forEach((body, i) => {
       if (this.texts[i] === "") body.replaceChildren();
     });
