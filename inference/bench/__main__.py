@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +37,15 @@ class Mode:
     name: str
     specs: dict[str, workloads.WorkloadSpec]
     kv_blocks: int
+    max_model_len: int
     roofline_batches: tuple[int, ...]
     roofline_steps: int
 
 
-FULL = Mode("full", workloads.FULL_SPECS, kv_blocks=1024, roofline_batches=roofline.BATCHES, roofline_steps=8)
-QUICK = Mode("quick", workloads.QUICK_SPECS, kv_blocks=256, roofline_batches=(1, 4), roofline_steps=2)
+FULL = Mode("full", workloads.FULL_SPECS, kv_blocks=1024, max_model_len=2048, roofline_batches=roofline.BATCHES,
+            roofline_steps=4)
+QUICK = Mode("quick", workloads.QUICK_SPECS, kv_blocks=256, max_model_len=512, roofline_batches=(1, 4),
+             roofline_steps=2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="requests/s for --arrival poisson")
     p.add_argument("--kv-blocks", type=int, help="shared KV budget in blocks (default 1024, quick 256)")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, help="default 2048 (quick 512)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--no-experiments", action="store_true", help="only the chat workload comparison")
@@ -82,8 +87,24 @@ def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: An
     return workload
 
 
-def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str],
-                progress: bool) -> tuple[dict[str, EngineRun], dict[str, str]]:
+class Stages:
+    """Wall seconds per benchmark stage (model loading included), so a run can be sized and explained."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - start
+            print(f"[bench] {name}: {self.seconds[name]:.0f} s", file=sys.stderr, flush=True)
+
+
+def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], progress: bool,
+                stages: Stages) -> tuple[dict[str, EngineRun], dict[str, str]]:
     """Every requested engine on the chat workload, one after the other, each with its own model copy."""
     runs, skipped = {}, {}
     for name in names:
@@ -95,26 +116,29 @@ def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str],
             continue
         runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_continuous": hf_continuous.run,
                   "llamacpp": llamacpp.run}[name]
-        runs[name] = runner(chat, config, progress=progress)
+        with stages.time(f"chat:{name}"):
+            runs[name] = runner(chat, config, progress=progress)
     return runs, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = QUICK if args.quick else FULL
-    progress = not args.quick and sys.stderr.isatty()
+    progress = not args.quick
     began = time.time()
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     geometry = KVGeometry.from_hf_config(AutoConfig.from_pretrained(model_path))
     kv_blocks = args.kv_blocks or mode.kv_blocks
+    args.max_model_len = args.max_model_len or mode.max_model_len
     config = RunConfig(model_path=model_path, geometry=geometry, block_size=args.block_size,
                        kv_budget_tokens=kv_blocks * args.block_size, max_model_len=args.max_model_len,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        seed=args.seed)
 
     chat = load_or_build("chat", args, mode, tokenizer, arrival=args.arrival, rate=args.rate)
-    runs, skipped = run_engines(chat, config, args.engine_list, progress)
+    stages = Stages()
+    runs, skipped = run_engines(chat, config, args.engine_list, progress, stages)
     engines = {name: run.figures(config) for name, run in runs.items()}
     result: dict[str, Any] = {
         "mode": mode.name,
@@ -132,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         "fixed_budget": experiments.fixed_budget(chat, config, runs),
     }
     if "ours" in runs and not args.no_experiments:
-        result.update(run_experiments(args, mode, config, tokenizer, progress))
+        result.update(run_experiments(args, mode, config, tokenizer, progress, stages))
     result["targets"] = [t.__dict__ for t in report.targets(result)]
+    result["stage_s"] = stages.seconds
     result["elapsed_s"] = time.time() - began
     if args.plot:
         result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
@@ -144,22 +169,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any,
-                    progress: bool) -> dict[str, Any]:
+def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any, progress: bool,
+                    stages: Stages) -> dict[str, Any]:
     """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the roof)."""
     out: dict[str, Any] = {}
-    engine = ours.make_engine(config)
-    hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
-    out["roofline"] = roofline.measure(engine, hf_model, config.model_path, mode.roofline_batches,
-                                       mode.roofline_steps)
-    del engine, hf_model
-    shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
-                           rate=SHARED_PREFIX_RATE[mode.name])
-    out["prefix_caching"] = experiments.prefix_caching(shared, config, progress)
-    out["parallel_sharing"] = experiments.parallel_sharing(load_or_build("parallel", args, mode, tokenizer),
-                                                           config, progress)
+    with stages.time("roofline"):
+        hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
+        out["roofline"] = roofline.measure(ours.make_engine(config), hf_model, config.model_path,
+                                           mode.roofline_batches, mode.roofline_steps)
+        del hf_model
+    with stages.time("prefix_caching"):
+        shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                               rate=SHARED_PREFIX_RATE[mode.name])
+        out["prefix_caching"] = experiments.prefix_caching(shared, config, progress)
+    with stages.time("parallel_sharing"):
+        parallel = load_or_build("parallel", args, mode, tokenizer)
+        out["parallel_sharing"] = experiments.parallel_sharing(parallel, config, progress)
     out["beam_sharing"] = experiments.beam_sharing(load_or_build("beam", args, mode, tokenizer), config)
-    out["long"] = ours.run(load_or_build("long", args, mode, tokenizer), config, progress=progress).figures(config)
+    with stages.time("long"):
+        long = load_or_build("long", args, mode, tokenizer)
+        out["long"] = ours.run(long, config, progress=progress).figures(config)
     return out
 
 

@@ -1,0 +1,209 @@
+"""The benchmark: its accounting (percentiles, KV timelines, capacity), its workloads, and a `--quick` run
+whose JSON must carry every figure for every engine it ran, with values that make sense."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from inference.bench import kv, workloads
+from inference.bench.stats import RequestTiming, latency_figures, percentile
+from inference.model_loader import DEFAULT_MODEL, resolve_model
+
+REPO = Path(__file__).resolve().parents[2]
+GEOMETRY = kv.KVGeometry(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL))
+
+
+# --- accounting ---------------------------------------------------------------------------------------------
+
+def test_percentile_interpolates_like_numpy():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert math.isnan(percentile([], 50))
+
+
+def test_latency_figures_from_token_times():
+    timings = [RequestTiming("a#0", arrival=0.0, num_prompt_tokens=5, token_times=[1.0, 1.5, 2.0]),
+               RequestTiming("b#0", arrival=0.5, num_prompt_tokens=5, token_times=[3.0, 4.0])]
+    figures = latency_figures(timings, start=0.0).as_dict()
+    assert figures["output_tokens"] == 5 and figures["elapsed_s"] == 4.0
+    assert figures["output_tokens_per_s"] == pytest.approx(5 / 4)
+    assert figures["ttft_p50_s"] == pytest.approx((1.0 + 2.5) / 2)
+    assert figures["itl_p50_s"] == pytest.approx(0.5)  # gaps 0.5, 0.5, 1.0
+
+
+def test_latency_figures_reject_a_request_without_output():
+    with pytest.raises(ValueError, match="without any output"):
+        latency_figures([RequestTiming("a#0", 0.0, 3, [])], start=0.0)
+
+
+def test_contiguous_padded_batch_waste_is_measured():
+    # Two rows: prompts 10 and 4 (padded to 10), outputs 2 and 1 token; the batch runs 2 steps.
+    batch = kv.StaticBatch(start=0.0, end=3.0, step_times=[1.0, 2.0], prompt_lens=[10, 4], output_lens=[2, 1])
+    timeline = kv.contiguous_timeline([batch])
+    points = [(s.time, s.reserved, s.live) for s in timeline.samples]
+    # t=0: 2 rows x 10 reserved, 14 live; t=1: 2 x 11 reserved, row 2 done (1 token) so only 11 live;
+    # t=2: 2 x 12 reserved, both rows done; t=3: the cache is dropped.
+    assert points == [(0.0, 20, 14), (1.0, 22, 11), (2.0, 24, 0), (3.0, 0, 0)]
+    summary = timeline.summary(GEOMETRY, block_size=16)
+    assert summary["kv_slot_utilization_avg"] == pytest.approx((14 + 11) / (20 + 22 + 24))
+    assert summary["kv_peak_reserved_tokens"] == 24
+    prealloc = kv.contiguous_timeline([batch], reserve_len=100).summary(GEOMETRY, 16)
+    assert prealloc["kv_slot_utilization_avg"] == pytest.approx((14 + 11) / 600)
+
+
+def test_paged_timeline_rounds_each_sequence_up_to_its_pages():
+    spans = [kv.SequenceSpan(start=0.0, num_prompt_tokens=17, token_times=[1.0, 2.0]),
+             kv.SequenceSpan(start=0.5, num_prompt_tokens=3, token_times=[1.5])]
+    timeline = kv.paged_timeline(spans, page_size=16)
+    by_time = {s.time: (s.reserved, s.live) for s in timeline.samples}
+    assert by_time[0.0] == (32, 17)      # 17 tokens need 2 pages
+    assert by_time[0.5] == (48, 20)      # + 3 tokens in 1 page
+    assert by_time[1.0] == (48, 21)      # the first has its first output token
+    assert by_time[1.5] == (32, 18)      # the second sequence is gone after its last token
+    assert by_time[2.0] == (0, 0)
+
+
+def test_capacity_of_each_allocation_policy():
+    cap = kv.capacity(budget_tokens=4096, seq_lens=[100, 300, 500], max_model_len=2048, block_size=16)
+    assert cap["max_length_prealloc"] == 2
+    assert cap["padded_to_longest"] == 8
+    assert cap["paging"] == pytest.approx(4096 / ((112 + 304 + 512) / 3))
+
+
+def test_kv_geometry_of_smollm2():
+    assert GEOMETRY.bytes_per_token == 2 * 30 * 3 * 64 * 4
+
+
+# --- workloads ----------------------------------------------------------------------------------------------
+
+def test_chat_workload_is_seeded_and_in_range(tokenizer):
+    spec = workloads.WorkloadSpec(12, (20, 400), (16, 256))
+    a = workloads.build("chat", tokenizer, seed=3, spec=spec)
+    b = workloads.build("chat", tokenizer, seed=3, spec=spec)
+    c = workloads.build("chat", tokenizer, seed=4, spec=spec)
+    assert [r.prompt_token_ids for r in a.requests] == [r.prompt_token_ids for r in b.requests]
+    assert [r.prompt_token_ids for r in a.requests] != [r.prompt_token_ids for r in c.requests]
+    assert all(20 <= r.num_prompt_tokens <= 400 and 16 <= r.max_tokens <= 256 for r in a.requests)
+    assert all(r.arrival_time == 0.0 for r in a.requests)
+    text = tokenizer.decode(a.requests[0].prompt_token_ids)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_shared_prefix_workload_shares_a_300_token_system_prompt(tokenizer):
+    w = workloads.build("shared-prefix", tokenizer, spec=workloads.WorkloadSpec(3, (330, 420), (8, 8)))
+    first, second = (r.prompt_token_ids for r in w.requests[:2])
+    common = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+    assert common >= workloads.SHARED_SYSTEM_PROMPT_TOKENS
+
+
+def test_long_workload_is_near_max_model_len(tokenizer):
+    w = workloads.build("long", tokenizer, spec=workloads.WorkloadSpec(2, (0, 0), (16, 16)), max_model_len=1024)
+    assert all(1024 - 64 <= r.num_prompt_tokens + r.max_tokens < 1024 for r in w.requests)
+
+
+def test_poisson_arrivals_are_increasing_at_about_the_rate(tokenizer):
+    spec = workloads.WorkloadSpec(40, (20, 40), (4, 4))
+    w = workloads.build("chat", tokenizer, spec=spec, arrival="poisson", rate=10.0)
+    times = [r.arrival_time for r in w.requests]
+    assert times == sorted(times) and times[0] == 0.0
+    assert 1.0 < times[-1] < 10.0  # 39 gaps of mean 0.1 s
+    with pytest.raises(ValueError, match="rate"):
+        workloads.build("chat", tokenizer, spec=spec, arrival="poisson")
+
+
+def test_unknown_kind_is_rejected(tokenizer):
+    with pytest.raises(ValueError, match="unknown workload kind"):
+        workloads.build("chess", tokenizer)
+
+
+def test_jsonl_round_trip(tokenizer, tmp_path):
+    w = workloads.build("parallel", tokenizer, spec=workloads.WorkloadSpec(2, (30, 60), (8, 8)))
+    workloads.save(w, tmp_path / "w.jsonl")
+    loaded = workloads.load(tmp_path / "w.jsonl")
+    assert loaded == w and all(r.n == 4 for r in loaded.requests)
+
+
+# --- the quick run ------------------------------------------------------------------------------------------
+
+ENGINE_KEYS = [
+    "output_tokens", "num_requests", "elapsed_s", "output_tokens_per_s", "requests_per_s",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
+    "kv_peak_blocks", "kv_peak_reserved_tokens", "kv_peak_reserved_bytes", "kv_avg_reserved_bytes",
+    "kv_avg_live_bytes", "kv_slot_utilization_avg", "kv_budget_tokens", "num_preemptions",
+    "prefix_cache_hit_rate", "prompt_tokens_computed", "max_concurrent_requests", "notes",
+]
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "inference.bench", "--quick", "--json", "--plot", str(out / "plots"),
+         "--workloads", str(out / "workloads")],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_quick_run_has_every_figure_for_every_engine(quick_result):
+    result, _ = quick_result
+    engines, workload = result["engines"], result["workload"]
+    assert {"ours", "hf_static", "hf_continuous"} <= set(engines)
+    assert set(engines) | set(result["skipped"]) == {"ours", "hf_static", "hf_continuous", "llamacpp"}
+    for name, fig in engines.items():
+        missing = [k for k in ENGINE_KEYS if k not in fig]
+        assert not missing, f"{name} lacks {missing}"
+        assert fig["output_tokens"] == workload["output_tokens"], name
+        assert fig["num_requests"] == workload["num_requests"], name
+        assert fig["output_tokens_per_s"] > 0 and fig["requests_per_s"] > 0, name
+        assert 0 < fig["kv_slot_utilization_avg"] <= 1, name
+        assert 0 < fig["kv_avg_live_bytes"] <= fig["kv_avg_reserved_bytes"] <= fig["kv_peak_reserved_bytes"], name
+        assert fig["kv_peak_reserved_tokens"] <= fig["kv_budget_tokens"], name
+        assert fig["ttft_p50_s"] <= fig["ttft_p90_s"] <= fig["ttft_p99_s"], name
+        assert 0 < fig["max_concurrent_requests"] <= workload["num_requests"], name
+    ours, static = engines["ours"], engines["hf_static"]
+    assert ours["prompt_tokens_computed"] <= workload["prompt_tokens"]  # no padding, maybe cache hits
+    assert static["prompt_tokens_computed"] >= workload["prompt_tokens"]  # padding is computed too
+    assert ours["num_preemptions"] >= 0 and 0 <= ours["prefix_cache_hit_rate"] <= 1
+    assert set(result["ratios"]) == set(engines) - {"ours"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_quick_run_experiments_and_outputs(quick_result):
+    result, out = quick_result
+    roof = result["roofline"]
+    assert roof["matmul_flops_per_s"] > 1e9
+    assert [row["batch"] for row in roof["decode"]] == [1, 4]
+    assert all(0 < row["ours_fraction_of_roofline"] < 1 for row in roof["decode"])
+    prefix = result["prefix_caching"]
+    assert prefix["on"]["prompt_tokens_computed"] < prefix["off"]["prompt_tokens_computed"]
+    assert prefix["off"]["prefix_cache_hit_rate"] == 0 < prefix["on"]["prefix_cache_hit_rate"]
+    parallel = result["parallel_sharing"]
+    assert parallel["shared"]["kv_peak_blocks"] < parallel["unshared"]["kv_peak_blocks"]
+    assert parallel["shared"]["kv_peak_blocks_unshared"] > parallel["shared"]["kv_peak_blocks"]
+    cap = result["fixed_budget"]["capacity"]
+    assert cap["max_length_prealloc"] <= cap["padded_to_longest"] <= cap["paging"]
+    assert {t["what"] for t in result["targets"]} and all("met" in t for t in result["targets"])
+    pngs = sorted(Path(p).name for p in result["plots"])
+    assert pngs == ["kv_memory_over_time.png", "prefix_caching.png", "throughput_vs_concurrency.png", "ttft_cdf.png"]
+    assert all((out / "plots" / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
+    saved = sorted(p.name for p in (out / "workloads").iterdir())
+    assert "chat-quick.jsonl" in saved and "shared-prefix-quick.jsonl" in saved
