@@ -25,12 +25,14 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     """Write each token's K/V (``[num_tokens, kv_heads, head_dim]``) into its slot, in place; slot -1 skips."""
     validation.check_cache_pair(key_cache, value_cache)
     validation.check_new_kv(key, value, key_cache, slot_mapping)
-    block_size = key_cache.shape[1]
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[keep].to(key_cache.dtype)
-    value_cache[blocks, offsets] = value[keep].to(value_cache.dtype)
+    slots = slot_mapping.long()
+    if not bool(keep.all()):
+        key, value, slots = key[keep], value[keep], slots[keep]
+    # index_copy_ into the flat [slots, kv_heads, head_dim] view: one pass, no 2-D advanced indexing.
+    flat_shape = (-1, *key_cache.shape[2:])
+    key_cache.view(flat_shape).index_copy_(0, slots, key.to(key_cache.dtype))
+    value_cache.view(flat_shape).index_copy_(0, slots, value.to(value_cache.dtype))
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
