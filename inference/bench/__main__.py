@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--no-experiments", action="store_true", help="only the chat workload comparison")
+    p.add_argument("--report", type=Path, metavar="JSON",
+                   help="print the text report of a saved --json result instead of running anything")
     args = p.parse_args(argv)
     args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(args.engine_list) - set(ENGINES)
@@ -123,6 +125,9 @@ def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], p
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        print(report.text_report(json.loads(args.report.read_text())))
+        return 0
     mode = QUICK if args.quick else FULL
     progress = not args.quick
     began = time.time()

@@ -42,8 +42,10 @@ def throughput_vs_concurrency(path: Path, roofline: dict[str, Any]) -> Path:
     ax.plot([r["batch"] for r in rows], [r["ours_tokens_per_s"] for r in rows], "o-", label="ours (paged)")
     if all("hf_tokens_per_s" in r for r in rows):
         ax.plot([r["batch"] for r in rows], [r["hf_tokens_per_s"] for r in rows], "s--", label="HF generate")
-    ax.set(xlabel="concurrent sequences (decode batch)", ylabel="decode tokens/s", xscale="log",
+    ax.set(xlabel="concurrent sequences (decode batch)", ylabel="decode tokens/s",
            title="Decode throughput vs concurrency")
+    ax.set_xscale("log", base=2)
+    ax.minorticks_off()
     ax.set_xticks([r["batch"] for r in rows], [str(r["batch"]) for r in rows])
     ax.grid(alpha=0.3)
     ax.legend()

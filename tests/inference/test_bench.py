@@ -207,3 +207,18 @@ def test_quick_run_experiments_and_outputs(quick_result):
     assert all((out / "plots" / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
     saved = sorted(p.name for p in (out / "workloads").iterdir())
     assert "chat-quick.jsonl" in saved and "shared-prefix-quick.jsonl" in saved
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_report_renders_a_saved_result(quick_result, tmp_path):
+    result, _ = quick_result
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(result))
+    proc = subprocess.run([sys.executable, "-m", "inference.bench", "--report", str(saved)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert "| figure | ours | hf_static | hf_continuous |" in text
+    assert "### targets" in text and ("met" in text or "MISSED" in text)
+    assert f"{result['engines']['ours']['output_tokens_per_s']:.1f}" in text
