@@ -120,7 +120,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_SEND_TASK_EVENTS = False
 
 # --- The playground ------------------------------------------------------------------------------------------
-PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", True)
+# Anonymous chat (conversations kept per session): on for the one-process default, off for a shared deployment
+# unless its operator turns it on.
+PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", not REDIS_URL)
 PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
 
 # Server-side caps on what one generate frame may ask for (also shown to the page as `limits`).

@@ -57,6 +57,7 @@ class LiveStack:
             "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
             "PLAYGROUND_VAR_DIR": str(workdir / "var"),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "PLAYGROUND_ALLOW_ANONYMOUS": "1",
             "DJANGO_SETTINGS_MODULE": "playground.settings",
             "PYTHONUNBUFFERED": "1",
             **ENGINE_ENV,

@@ -66,3 +66,16 @@ def test_dev_secret_key_refused_without_debug():
     assert "set SECRET_KEY" in refused.stderr
     assert _load_settings(DEBUG="0", SECRET_KEY="a-real-secret").returncode == 0
     assert _load_settings().returncode == 0  # DEBUG defaults on for the embedded developer run
+
+
+def test_anonymous_use_defaults_on_only_for_the_one_process_mode():
+    def allowed(**env: str) -> str:
+        code = "import playground.settings as s; print(s.PLAYGROUND_ALLOW_ANONYMOUS)"
+        environ = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "PLAYGROUND_ALLOW_ANONYMOUS"}}
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
+                             text=True, timeout=60, check=True)  # fmt: skip
+        return out.stdout.strip()
+
+    assert allowed() == "True"
+    assert allowed(REDIS_URL="redis://127.0.0.1:6379/0") == "False"
+    assert allowed(REDIS_URL="redis://127.0.0.1:6379/0", PLAYGROUND_ALLOW_ANONYMOUS="1") == "True"
