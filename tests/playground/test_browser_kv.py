@@ -1,9 +1,9 @@
-"""Browser tests of the admin memory view's rendering, against scripted worker snapshots.
+"""Browser tests of the KV views (admin memory view, chat page panel) against scripted worker snapshots.
 
 The real templates and static files are served by a tiny HTTP server; inside the page, `WebSocket` is
 replaced by a test double (installed by the test, never shipped) that delivers the snapshots the test
 writes and records the frames the page sends. This checks the snapshot → picture mapping exactly: block
-states and counts, tooltips, block tables, actions, charts and the contiguous-vs-paged bars.
+states and counts, tooltips, block tables, actions, charts, figures and the contiguous-vs-paged bars.
 """
 from __future__ import annotations
 
@@ -94,15 +94,15 @@ CACHED = [7, 8]
 
 
 class HarnessHandler(SimpleHTTPRequestHandler):
-    """Serves /memory/ (the real template, rendered) and /static/ (the real files); nothing else."""
+    """Serves the pages (the real templates, rendered) and /static/ (the real files); nothing else."""
 
-    def __init__(self, *args, page_html: str, **kwargs) -> None:
-        self.page_html = page_html
+    def __init__(self, *args, pages: dict[str, str], **kwargs) -> None:
+        self.pages = pages
         super().__init__(*args, directory=str(REPO), **kwargs)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        if self.path == "/memory/":
-            body = self.page_html.encode()
+        if self.path in self.pages:
+            body = self.pages[self.path].encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -117,13 +117,23 @@ class HarnessHandler(SimpleHTTPRequestHandler):
         pass
 
 
+CHAT_CONFIG = {
+    "ws_path": "/ws/chat/", "sampling_defaults": {"temperature": 0.7, "max_tokens": 256}, "limits": {"max_tokens": 512},
+    "user": {"username": "", "is_authenticated": False, "is_staff": False},
+    "urls": {"conversations": "/api/conversations/"}, "conversation": None,
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def harness_url():
-    html = render_to_string("memory/index.html")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, page_html=html))
+    pages = {
+        "/memory/": render_to_string("memory/index.html"),
+        "/": render_to_string("chat/index.html", {"chat_config": CHAT_CONFIG}),
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, pages=pages))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/memory/"
+    yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
 
@@ -137,17 +147,31 @@ def browser():
 
 
 @pytest.fixture
-def page(browser, harness_url):
-    context = browser.new_context(viewport={"width": 1500, "height": 1000})
-    context.add_init_script(FAKE_SOCKET)
-    page = context.new_page()
+def open_page(browser, harness_url):
+    """open_page(path) -> a page of the harness with the scripted socket connected."""
+    contexts = []
     errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(harness_url)
-    page.wait_for_selector('#conn[data-status="open"]')
-    yield page
-    context.close()
+
+    def open_(path: str):
+        context = browser.new_context(viewport={"width": 1500, "height": 1000})
+        contexts.append(context)
+        context.add_init_script(FAKE_SOCKET)
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(harness_url + path)
+        page.wait_for_selector('#conn[data-status="open"]')
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(open_page):
+    """The memory view."""
+    return open_page("/memory/")
 
 
 def deliver(page, frame: dict) -> None:
@@ -239,3 +263,31 @@ def test_several_workers_appear_side_by_side_and_errors_are_shown(page):
 
     deliver(page, {"type": "error", "message": "worker w9 is not alive"})
     assert page.locator("#toast").inner_text() == "worker w9 is not alive"
+
+
+def test_chat_panel_charts_the_watched_worker_and_switches_between_workers(open_page):
+    page = open_page("/")
+    assert page.locator("#kv-idle").is_visible()
+    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
+    deliver(page, snapshot("w1", 1000.5, {"alpha": [0, 1, 2, 3]}, CACHED, 60.0))
+    assert page.locator("#kv-idle").is_hidden()
+    charts = page.locator("#kv-charts .chart")
+    assert charts.evaluate_all("els => els.map(e => e.dataset.chart)") == ["memory", "requests", "throughput"]
+    assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"2"}
+    figures = page.locator("#kv-figures")
+    assert figures.locator('[data-figure="kv_usage"] dd').inner_text() == f"{100 * 4 / NUM_BLOCKS:.1f}%"
+    assert figures.locator('[data-figure="slot_util"] dd').inner_text() == "75.0%"
+    assert figures.locator('[data-figure="hit_rate"] dd').inner_text() == "40.0%"
+    assert figures.locator('[data-figure="requests"] dd').inner_text() == "1 / 1"
+    assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "60.0"
+    assert page.locator("#kv-worker").inner_text() == "w1"
+
+    # A second worker: a picker appears; the panel keeps the first until the user switches.
+    deliver(page, snapshot("w2", 1000.7, {"gamma": [3]}, [], 10.0))
+    picker = page.locator("#kv-worker select")
+    assert picker.evaluate("s => [...s.options].map(o => o.value)") == ["w1", "w2"]
+    assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "60.0"
+    picker.select_option("w2")
+    deliver(page, snapshot("w2", 1001.0, {"gamma": [3, 4]}, [], 20.0))
+    assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "20.0"
+    assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"1"}
