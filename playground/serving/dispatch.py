@@ -25,18 +25,19 @@ def choose_queue(preferred_worker: str) -> str:
 
 def submit(
     request_id: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, str]] | None,
     params: dict[str, Any],
     preferred_worker: str = "",
     cache_salt: str | None = None,
+    prompt: str | None = None,
 ) -> str:
-    """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to."""
+    """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to.
+    `messages` is None for a plain-text `prompt` (completions)."""
     queue = choose_queue(preferred_worker)
-    celery_app.send_task(
-        TASK_NAME,
-        kwargs={"request_id": request_id, "messages": messages, "params": params, "cache_salt": cache_salt},
-        queue=queue,
-    )
+    kwargs = {"request_id": request_id, "messages": messages, "params": params, "cache_salt": cache_salt}
+    if prompt is not None:
+        kwargs["prompt"] = prompt
+    celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue)
     return queue
 
 

@@ -72,14 +72,20 @@ class EngineService:
 
     # --- requests ---------------------------------------------------------------------------------
     def submit(
-        self, request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None = None
+        self,
+        request_id: str,
+        messages: list[dict[str, str]] | None,
+        params: dict[str, Any],
+        cache_salt: str | None = None,
+        prompt: str | None = None,
     ) -> RequestStream:
-        """Queue a chat request; raises ValueError (nothing queued) when the engine refuses it."""
+        """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None);
+        raises ValueError (nothing queued) when the engine refuses it."""
         from inference import SamplingParams
 
         engine = self.wait_ready(0)
         return engine.add_request(
-            None, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
+            prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
         )
 
     def stream(
@@ -90,7 +96,10 @@ class EngineService:
         coalesce.pump(stream, send, interval)
         if stream.error is not None or stream.final is None:
             raise EngineUnavailable(stream.error or "the request ended without a result")
-        return summarize(stream.final)
+        return summarize(stream.final, self._decode_token)
+
+    def _decode_token(self, token_id: int) -> str:
+        return self.wait_ready(0).tokenizer.decode([token_id])
 
     def abort(self, request_id: str) -> None:
         """Abort a request (thread-safe); its blocks are freed at the engine loop's next turn."""
@@ -105,14 +114,15 @@ class EngineService:
         return figures if block_map else {k: v for k, v in figures.items() if k != "block_map"}
 
 
-def summarize(final: RequestOutput) -> dict[str, Any]:
-    """Outputs, usage and timing of a finished request, as the `done` event carries them."""
+def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
+    """Outputs, usage and timing of a finished request, as the `done` event carries them. Outputs that
+    carry logprobs (the request asked for them) get them with token texts from `decode(token id)`."""
     metrics = final.metrics
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
     elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
     return {
-        "outputs": [{"index": o.index, "text": o.text, "finish_reason": o.finish_reason} for o in final.outputs],
+        "outputs": [_output(o, decode) for o in final.outputs],
         "usage": {
             "prompt_tokens": len(final.prompt_token_ids),
             "completion_tokens": completion_tokens,
@@ -123,3 +133,29 @@ def summarize(final: RequestOutput) -> dict[str, Any]:
             "tokens_per_s": round(completion_tokens / elapsed, 2) if elapsed > 0 else None,
         },
     }
+
+
+def _output(output: Any, decode: Callable[[int], str] | None) -> dict[str, Any]:
+    summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason}
+    if output.logprobs is not None and decode is not None:
+        summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, decode)
+    return summary
+
+
+def token_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float]], decode: Callable[[int], str]
+) -> list[dict[str, Any]]:
+    """Per generated token: its text and logprob, and the top alternatives, most likely first. The engine
+    gives one {token id: logprob} dict per token holding the sampled token and the top-k ones."""
+    entries = []
+    for token_id, candidates in zip(token_ids, logprobs):
+        top = sorted(candidates.items(), key=lambda item: -item[1])
+        chosen = candidates.get(token_id)
+        entries.append(
+            {
+                "token": decode(token_id),
+                "logprob": chosen,
+                "top": [{"token": decode(t), "logprob": lp} for t, lp in top],
+            }
+        )
+    return entries

@@ -9,7 +9,12 @@ from .naming import TASK_NAME
 
 @shared_task(name=TASK_NAME, ignore_result=True)
 def generate(
-    request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None = None
+    request_id: str,
+    messages: list[dict[str, str]] | None,
+    params: dict[str, Any],
+    cache_salt: str | None = None,
+    prompt: str | None = None,
 ) -> None:
-    """Blocks this task thread until the request ends; tokens flow through the channel layer, not here."""
-    worker.current().serve(request_id, messages, params, cache_salt)
+    """Blocks this task thread until the request ends; tokens flow through the channel layer, not here.
+    A chat request gives `messages`; a plain completion (the OpenAI API's /v1/completions) gives `prompt`."""
+    worker.current().serve(request_id, messages, params, cache_salt, prompt)

@@ -7,7 +7,8 @@ channel-layer group and finishes with `gen.done` (or `gen.error`).
 
 Messages sent to group `req.<request_id>` (handled by playground.chat.consumers.ChatConsumer):
 `gen.accepted` {request_id, worker}, `gen.tokens` {request_id, chunks: [{index, seq, text}]},
-`gen.done` {request_id, worker, outputs, usage, timing}, `gen.error` {request_id, message}.
+`gen.done` {request_id, worker, outputs, usage, timing}, `gen.error` {request_id, message, code}, where `code`
+is "invalid_request" (the engine refused the request), "unavailable" (no engine) or "server_error".
 """
 from __future__ import annotations
 
@@ -122,7 +123,12 @@ class WorkerRuntime:
             self._early_aborts[request_id] = now
 
     def serve(
-        self, request_id: str, messages: list[dict[str, str]], params: dict[str, Any], cache_salt: str | None
+        self,
+        request_id: str,
+        messages: list[dict[str, str]] | None,
+        params: dict[str, Any],
+        cache_salt: str | None,
+        prompt: str | None = None,
     ) -> None:
         """Run one request to its end, streaming to its group (blocking: runs in a Celery task thread)."""
         group = request_group(request_id)
@@ -138,10 +144,13 @@ class WorkerRuntime:
                 if self._early_aborts.pop(request_id, None) is not None:
                     send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
                     return
-                stream = self.service.submit(request_id, messages, params, cache_salt)
+                stream = self.service.submit(request_id, messages, params, cache_salt, prompt)
                 self._live.add(request_id)
-        except (ValueError, EngineUnavailable) as exc:
-            send({"type": "gen.error", "message": str(exc)})
+        except ValueError as exc:  # the engine refused this request (too long, empty...): the client's fault
+            send({"type": "gen.error", "message": str(exc), "code": "invalid_request"})
+            return
+        except EngineUnavailable as exc:
+            send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
             return
         try:
             done = self.service.stream(
@@ -152,7 +161,7 @@ class WorkerRuntime:
         except Exception as exc:
             logger.exception("request %s failed", request_id)
             self.service.abort(request_id)
-            send({"type": "gen.error", "message": f"generation failed: {exc}"})
+            send({"type": "gen.error", "message": f"generation failed: {exc}", "code": "server_error"})
             return
         finally:
             with self._lock:
