@@ -50,12 +50,17 @@ export class WorkerCard {
     for (const [state, n] of Object.entries(counts)) this.q(`[data-count="${state}"]`).textContent = String(n);
 
     const m = snapshot.metrics ?? {};
+    const requests = snapshot.requests ?? [];
+    const blockSize = m.block_size ?? 16;
     renderReservation(this.q(".reservation"), {
       pagedBlocks: m.num_blocks_used ?? counts.used + counts.shared,
       contiguousBlocks: snapshot.contiguous_reserved_blocks ?? 0,
       totalBlocks: m.num_blocks_total ?? blocks.length,
+      blockSize,
+      tokensHeld: requests.reduce((sum, r) => sum + r.context_len, 0),
+      slotUtilization: m.kv_slot_utilization ?? null,
     });
-    this.requests.update(snapshot.requests ?? [], blocks, m.block_size ?? 16);
+    this.requests.update(requests, blocks, blockSize);
 
     this.charts ??= new KvCharts(this.q(".charts-grid"), ["memory", "requests", "preemptions", "throughput"],
       { height: 150, windowS: 300 });

@@ -245,8 +245,14 @@ def test_charts_gain_points_and_contiguous_bar_shows_the_waste(page):
 
     # One request of max length 512 would pin 32 blocks contiguously: the whole pool, against 5 paged.
     reservation = card(page, "w1").locator(".reservation")
-    assert reservation.locator('[data-label="paged"]').inner_text().startswith("5 blocks")
-    assert reservation.locator('[data-label="contiguous"]').inner_text().startswith("32 blocks · 100.0%")
+    # Paged: 25% of its slots empty (the snapshot's slot utilisation is 0.75). Contiguous: 77 tokens held in
+    # 32 × 16 reserved slots, so 85.0% of the reservation is empty.
+    assert reservation.locator('[data-label="paged"]').inner_text() == (
+        "5 blocks · 15.6% of the pool · 25.0% of its slots empty"
+    )
+    assert reservation.locator('[data-label="contiguous"]').inner_text() == (
+        "32 blocks · 100.0% of the pool · 85.0% of it empty"
+    )
     assert "6.4× less" in reservation.locator('[data-label="saving"]').inner_text()
     deliver(page, snapshot("w1", 1002.0, TABLES, CACHED, 70.0))  # two requests: 64 blocks, twice the pool
     assert "would not fit" in reservation.locator('[data-label="contiguous"]').inner_text()
