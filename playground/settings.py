@@ -34,6 +34,9 @@ INSTALLED_APPS = [
     "channels",
     "playground.chat",
     "playground.serving",
+    "playground.accounts",
+    "playground.api",
+    "playground.demo",
 ]
 
 MIDDLEWARE = [
@@ -148,6 +151,23 @@ PLAYGROUND_SAMPLING_DEFAULTS = {
     "stop": [],
     "max_tokens": min(256, env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1)),
 }
+
+# Per-user limits (defaults; a user's UserQuota in admin overrides them). 0 = unlimited.
+PLAYGROUND_USER_LIMITS = {
+    "max_concurrent_requests": env_int("PLAYGROUND_MAX_CONCURRENT_REQUESTS", 16, minimum=0),
+    "tokens_per_minute": env_int("PLAYGROUND_TOKENS_PER_MINUTE", 0, minimum=0),
+}
+# The OpenAI-compatible API (docs/api.md).
+PLAYGROUND_API = {
+    "max_body_bytes": env_int("PLAYGROUND_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
+    "max_prompt_chars": env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000, minimum=1),
+}
+# Per-user prefix-cache salt against the cross-user timing side channel: "off" or "user".
+PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
+if PLAYGROUND_CACHE_SALT not in ("off", "user"):
+    raise ImproperlyConfigured(f"PLAYGROUND_CACHE_SALT={PLAYGROUND_CACHE_SALT!r}: use 'off' or 'user'")
+# Demo mode: at most this many simulated users per run.
+PLAYGROUND_DEMO_MAX_USERS = env_int("PLAYGROUND_DEMO_MAX_USERS", 32, minimum=1)
 
 # Keyword arguments for inference.StreamingEngine in every GPU worker.
 PLAYGROUND_ENGINE = {

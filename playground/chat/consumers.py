@@ -16,7 +16,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from playground.serving import dispatch, registry
+from playground.accounts import limits, salt
+from playground.serving import dispatch, liveness
 from playground.serving.naming import GPU_QUEUE, request_group
 from playground.serving.params import InvalidInput
 
@@ -34,6 +35,7 @@ class Pending:
     """A generation this socket started that has not finished yet."""
 
     conversation_id: uuid.UUID
+    admission: limits.Admission  # the user's concurrency slot, given back when the request ends
     queue: str = GPU_QUEUE
     worker: str = ""  # set once a worker accepted it
     queued_at: float = field(default_factory=time.monotonic)
@@ -76,16 +78,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "message": "internal server error"})
 
     async def generate(self, request: Generate) -> None:
-        conversation = await database_sync_to_async(store.open_conversation)(
-            self.scope.get("user"), await self.session_key(), request.conversation_id, request.messages
-        )
+        user, session_key = self.scope.get("user"), await self.session_key()
+        # Over the user's limits: LimitExceeded, an InvalidInput, becomes an error event.
+        admission = await database_sync_to_async(limits.admit_user)(user, session_key)
+        try:
+            conversation = await database_sync_to_async(store.open_conversation)(
+                user, session_key, request.conversation_id, request.messages
+            )
+        except BaseException:
+            await admission.arelease()
+            raise
         request_id = uuid.uuid4().hex
         await self.channel_layer.group_add(request_group(request_id), self.channel_name)
-        self.pending[request_id] = pending = Pending(conversation.id)
+        self.pending[request_id] = pending = Pending(conversation.id, admission)
         await self.send_json({"type": "started", "request_id": request_id, "conversation_id": str(conversation.id)})
         try:
             pending.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
-                request_id, request.messages, request.params, conversation.last_worker
+                request_id, request.messages, request.params, conversation.last_worker, salt.cache_salt(admission.who)
             )
         except Exception:
             logger.exception("could not queue request %s", request_id)
@@ -117,6 +126,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         pending = await self.forget(request_id)
         if pending is None:
             return
+        await pending.admission.arecord(event["usage"]["prompt_tokens"] + event["usage"]["completion_tokens"])
         done = {key: event[key] for key in ("outputs", "usage", "timing")}
         try:
             await database_sync_to_async(store.save_reply)(pending.conversation_id, request_id, done, event["worker"])
@@ -144,6 +154,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         pending = self.pending.pop(request_id, None)
         if pending is not None:
             await self.channel_layer.group_discard(request_group(request_id), self.channel_name)
+            await pending.admission.arelease()
         return pending
 
     async def session_key(self) -> str:
@@ -171,15 +182,4 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     @staticmethod
     async def problem_with(pending: Pending) -> str | None:
-        if pending.worker:
-            if await registry.aget(pending.worker) is None:
-                return f"the GPU worker {pending.worker} stopped responding"
-            return None
-        waited = time.monotonic() - pending.queued_at
-        if waited > settings.PLAYGROUND_ACCEPT_TIMEOUT:
-            return "no GPU worker picked up the request in time"
-        if waited > settings.PLAYGROUND_NO_WORKER_GRACE:
-            workers = await registry.alive_workers()
-            if not any(w["queue"] == pending.queue or pending.queue == GPU_QUEUE for w in workers):
-                return "no GPU worker is running"
-        return None
+        return await liveness.problem_with(pending)

@@ -1,0 +1,131 @@
+"""OpenAI response bodies and streaming chunks, built from the worker's `done` and `gen.tokens` events.
+
+Chat and completions differ only in names and in where text and logprobs go, so one `Shape` per endpoint
+holds those differences and everything else is shared.
+"""
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .schema import ApiRequest
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def chat_logprobs(entries: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": e["token"], "logprob": e["logprob"], "bytes": _bytes(e["token"]),
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": _bytes(t["token"])}
+                              for t in e["top"][:top]]}  # fmt: skip
+            for e in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: list[dict[str, Any]], top: int, offset: int = 0) -> dict[str, Any]:
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top"][:top]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def usage(done_usage: dict[str, int]) -> dict[str, Any]:
+    prompt, completion = done_usage["prompt_tokens"], done_usage["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": done_usage["cached_tokens"]},
+    }
+
+
+@dataclass
+class Shape:
+    """How one endpoint names things: object types, the id prefix, and where text and logprobs go."""
+
+    chat: bool
+    request: ApiRequest
+    request_id: str
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + self.request_id
+        self.created = int(time.time())
+
+    def _envelope(self, object_type: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": object_type, "created": self.created, "model": self.request.model,
+                "system_fingerprint": None, "choices": choices}  # fmt: skip
+
+    def _logprobs(self, output: dict[str, Any]) -> dict[str, Any] | None:
+        if self.request.top_logprobs is None or "logprobs" not in output:
+            return None
+        if self.chat:
+            return chat_logprobs(output["logprobs"], self.request.top_logprobs)
+        return completion_logprobs(output["logprobs"], self.request.top_logprobs)
+
+    # --- whole responses ---------------------------------------------------------------------------
+    def completion(self, done: dict[str, Any]) -> dict[str, Any]:
+        choices = []
+        for output in done["outputs"]:
+            choice: dict[str, Any] = {"index": output["index"]}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": output["text"]}
+            else:
+                choice["text"] = output["text"]
+            choice["logprobs"] = self._logprobs(output)
+            choice["finish_reason"] = FINISH_REASONS.get(output["finish_reason"], output["finish_reason"])
+            choices.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = usage(done["usage"])
+        return body
+
+    # --- streaming chunks --------------------------------------------------------------------------
+    def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
+              logprobs: dict[str, Any] | None = None, role: bool = False) -> dict[str, Any]:  # fmt: skip
+        choice: dict[str, Any] = {"index": index}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = FINISH_REASONS.get(finish_reason, finish_reason)
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        """Chat streams open each choice with the assistant role, as OpenAI's do."""
+        return [self.chunk(i, "", role=True) for i in range(self.request.params["n"])] if self.chat else []
+
+    def final_chunks(self, done: dict[str, Any], sent: dict[int, str]) -> list[dict[str, Any]]:
+        """One closing chunk per choice: any text the deltas missed, its logprobs, the finish reason. (The
+        logprobs of a whole choice travel here; clients concatenate them across chunks, so it adds up.)"""
+        chunks = []
+        for output in done["outputs"]:
+            already = sent.get(output["index"], "")
+            rest = output["text"][len(already):] if output["text"].startswith(already) else ""
+            chunks.append(self.chunk(output["index"], rest, output["finish_reason"], self._logprobs(output)))
+        return chunks
+
+    def usage_chunk(self, done: dict[str, Any]) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = usage(done["usage"])
+        return body
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("models", views.models, name="api-models"),
+    path("completions", views.completions, name="api-completions"),
+    path("chat/completions", views.chat_completions, name="api-chat-completions"),
+]
