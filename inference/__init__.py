@@ -5,6 +5,7 @@
     print(llm.generate("Hello", SamplingParams(temperature=0, max_tokens=20))[0].outputs[0].text)
 """
 
+from inference.beam_search import BeamSearchParams
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.llm import LLM
@@ -14,6 +15,6 @@ from inference.sampling_params import SamplingParams
 from inference.streaming import RequestStream, StreamingEngine
 
 __all__ = [
-    "LLM", "SamplingParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
+    "LLM", "SamplingParams", "BeamSearchParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
     "CompletionOutput", "StreamDelta", "ModelNotFoundError",
 ]

@@ -215,8 +215,9 @@ class BlockManager:
             last = seq.num_computed_tokens // self.block_size
             src = seq.block_table[last]
             dst = self.pool.get_new_block()
-            self.pool.release(src)
             seq.block_table[last] = dst
+            # The source keeps this reference until the copy has run (take_pending_copies), so that a
+            # preemption later in the same step can never free it and hand it out as another destination.
             self.pending_copies.append((src, dst))
             self.num_cow_copies += 1
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
@@ -241,7 +242,10 @@ class BlockManager:
         seq.num_cached_blocks = 0
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Hand the step's copy-on-write pairs to the runner and drop the sources' held references."""
         copies, self.pending_copies = self.pending_copies, []
+        for src, _ in copies:
+            self.pool.release(src)
         return copies
 
     # --- figures and checks ---------------------------------------------------------------------

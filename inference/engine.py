@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from inference.beam_search import BeamSearchParams, BeamState, advance
 from inference.block_manager import BlockManager
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
@@ -146,19 +147,23 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(item.seq)
 
         seqs, rows = [], []
-        for row, i in enumerate(sample_rows):
-            for seq in self._fork_if_first_sample(plan.scheduled[i].seq):
-                seqs.append(seq)
-                rows.append(row)
-        if not seqs:
-            return []
-        result = sample(logits[rows], seqs)
-        now = time.perf_counter()
         touched: dict[str, Request] = {}
-        for seq, token, logprobs, sampled_logprob in zip(seqs, result.token_ids, result.logprobs,
-                                                         result.sampled_logprobs):
-            self._append_token(seq, token, logprobs, sampled_logprob, now)
-            touched[seq.request_id] = seq.request
+        for row, i in enumerate(sample_rows):
+            seq = plan.scheduled[i].seq
+            if seq.request.beam is not None:
+                if self._beam_step(seq, logits[row]):
+                    touched[seq.request_id] = seq.request
+                continue
+            for sampled_seq in self._fork_if_first_sample(seq):
+                seqs.append(sampled_seq)
+                rows.append(row)
+        now = time.perf_counter()
+        if seqs:
+            result = sample(logits[rows], seqs)
+            for seq, token, logprobs, sampled_logprob in zip(seqs, result.token_ids, result.logprobs,
+                                                             result.sampled_logprobs):
+                self._append_token(seq, token, logprobs, sampled_logprob, now)
+                touched[seq.request_id] = seq.request
         outputs = []
         for request in touched.values():
             if request.is_finished:
@@ -166,6 +171,65 @@ class LLMEngine:
                 del self.requests[request.request_id]
             outputs.append(RequestOutput.from_request(request))
         return outputs
+
+    def add_beam_search(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> None:
+        """Queue a beam-search request; its output holds the best `beam_width` hypotheses, best first."""
+        request = self.make_request(request_id, prompt, params.sampling_params())
+        max_tokens = min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids))
+        request.beam = BeamState(params, max_tokens)
+        request.beam.scores[request.seqs[0].seq_id] = 0.0
+        self.add(request)
+
+    def _beam_step(self, seq: Sequence, logits: torch.Tensor) -> bool:
+        """Collect one beam's logits; once every live beam has its own, advance the search. True if advanced."""
+        request, state = seq.request, seq.request.beam
+        state.pending[seq.seq_id] = logits
+        live = [s for s in request.seqs if not s.is_finished]
+        if len(state.pending) < len(live):
+            return False  # a preempted beam is still catching up
+        request.forked = True
+        scores = torch.tensor([state.scores[s.seq_id] for s in live])
+        stacked = torch.stack([state.pending.pop(s.seq_id) for s in live])
+        continuations = advance(state, [s.output_token_ids for s in live], scores, stacked,
+                                request.eos_token_id)
+        now = time.perf_counter()
+        self.generation_tokens_total += len(live)
+        request.metrics.first_token_time = request.metrics.first_token_time or now
+        request.metrics.last_token_time = now
+        request.metrics.token_times.append(now)
+        if state.done:
+            for hypothesis in state.finished:
+                hypothesis.text = self.tokenizer.decode(hypothesis.token_ids, skip_special_tokens=True)
+            for beam in live:
+                self._finish(beam, "stop")
+            return True
+        # Fork every parent chosen more than once before any beam appends its token (children copy the
+        # parent's tokens as they are now); a parent chosen by nothing is freed.
+        picks: dict[int, list[int]] = {}
+        for c in continuations:
+            picks.setdefault(c.parent_index, []).append(c)
+        next_live: list[Sequence] = []
+        for index, parent in enumerate(live):
+            chosen = picks.get(index, [])
+            if not chosen:
+                self._finish(parent, "abort")
+                continue
+            for c in chosen[1:]:
+                child = request.new_sequence(parent.index, list(parent.token_ids))
+                self.block_manager.fork(parent, child)
+                child.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(child)
+                child.token_ids.append(c.token)
+                state.scores[child.seq_id] = c.score
+                next_live.append(child)
+            parent.token_ids.append(chosen[0].token)
+            state.scores[parent.seq_id] = chosen[0].score
+            next_live.append(parent)
+        for beam in live:
+            if beam.is_finished:
+                del state.scores[beam.seq_id]
+        request.seqs = next_live
+        return True
 
     def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
         """At a request's first sample, split the prefilled sequence into its n samples (shared blocks)."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 
 from tqdm import tqdm
 
+from inference.beam_search import BeamSearchParams
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.outputs import RequestOutput
@@ -65,6 +66,23 @@ class LLM:
             for ids in (self.encode_chat(c, add_generation_prompt) for c in conversations)
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(
+        self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
+        """Beam search for every prompt in one continuous batch (see inference.beam_search).
+
+        Each output's `.outputs` holds the `beam_width` best hypotheses, best first, with their
+        length-penalised score in `cumulative_logprob`.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        request_ids = [str(next(self._ids)) for _ in prompts]
+        requests = [self.llm_engine.make_request(r, p, params.sampling_params()) for r, p in zip(request_ids, prompts)]
+        for request_id, request in zip(request_ids, requests):
+            self.llm_engine.add_beam_search(request_id, {"prompt": request.prompt,
+                                                         "prompt_token_ids": request.prompt_token_ids}, params)
+        return self._run(request_ids, use_tqdm)
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         return encode_chat(self.llm_engine.tokenizer, messages, add_generation_prompt)

@@ -35,6 +35,8 @@ class RequestOutput:
 
     @classmethod
     def from_request(cls, request: Request) -> RequestOutput:
+        if request.beam is not None:
+            return cls._from_beam_search(request)
         want_logprobs = request.params.logprobs is not None
         outputs = [
             CompletionOutput(
@@ -58,6 +60,16 @@ class RequestOutput:
             num_cached_tokens=request.metrics.num_cached_tokens,
         )
 
+    @classmethod
+    def _from_beam_search(cls, request: Request) -> RequestOutput:
+        """Outputs are the finished hypotheses, best first; empty until the search ends."""
+        outputs = [
+            CompletionOutput(index=i, text=h.text, token_ids=list(h.token_ids), finish_reason=h.finish_reason,
+                             cumulative_logprob=h.score)
+            for i, h in enumerate(request.beam.finished if request.beam.done else [])
+        ]
+        return cls(request.request_id, request.prompt, list(request.prompt_token_ids), outputs,
+                   request.is_finished, request.metrics, request.metrics.num_cached_tokens)
 
 @dataclass
 class StreamDelta:

@@ -66,6 +66,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                continue  # a beam whose logits wait for its siblings
             while not self.block_manager.allocate(seq, num_new):
                 victim = next(
                     (v for v in reversed(self.running) if v is not seq and v.seq_id not in scheduled_ids), None

@@ -110,6 +110,8 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     # False until the prompt is prefilled and (for n > 1) the sequence forked into n samples.
     forked: bool = False
+    # Set for beam-search requests (inference.beam_search.BeamState); None for sampling.
+    beam: object | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
