@@ -1,0 +1,142 @@
+"""The OpenAI-compatible API with the official `openai` client against the running embedded playground
+(daphne, in-process Celery worker, real model): chat and completions, streaming and not, n=2, stop,
+logprobs, usage; greedy texts equal the engine's own; 401 without a key, 429 over a limit, 400 for a
+prompt too long for the model."""
+import json
+
+import openai
+import pytest
+from api_server import MODEL, reference_llm, start
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]
+PROMPT = "The three primary colours are"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start(tmp_path_factory.mktemp("api"))
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.api_base, api_key=server.api_key("alice"), max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    """(chat texts, completion texts) of the engine run offline, greedy, 8 tokens."""
+    from inference import SamplingParams
+
+    llm = reference_llm()
+    params = SamplingParams(temperature=0, max_tokens=8)
+    chat = llm.chat([CHAT], params, use_tqdm=False)[0].outputs[0].text
+    completion = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
+    return chat, completion
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_greedy_equals_the_engine_and_reports_usage(client, greedy):
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=8)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == greedy[0]
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+    # Same prompt again: its full blocks come from the prefix cache.
+    again = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_completion_tokens=8)
+    assert again.choices[0].message.content == greedy[0]
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_chat_stream_concatenates_to_the_greedy_text(client, greedy):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=8,
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_completion_greedy_stream_and_not(client, greedy):
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8)
+    assert reply.object == "text_completion" and reply.choices[0].text == greedy[1]
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == greedy[1]
+
+
+def test_n2_gives_two_seeded_samples(client):
+    kwargs = dict(model=MODEL, messages=CHAT, temperature=1.0, max_tokens=6, n=2, seed=7)
+    reply = client.chat.completions.create(**kwargs)
+    assert sorted(c.index for c in reply.choices) == [0, 1]
+    assert all(c.message.content for c in reply.choices)
+    assert 2 <= reply.usage.completion_tokens <= 12
+    streamed = list(client.chat.completions.create(**kwargs, stream=True))
+    texts = {0: "", 1: ""}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == {c.index: c.message.content for c in reply.choices}  # same seed, same samples
+
+
+def test_stop_string_ends_the_reply(client, greedy):
+    cut = greedy[1][2:4]  # a piece of the greedy continuation, found after its start
+    reply = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8, stop=[cut])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].text == greedy[1][: greedy[1].index(cut)]
+
+
+def test_logprobs_chat_and_completion(client):
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=4, logprobs=True,
+                                           top_logprobs=3)  # fmt: skip
+    content = reply.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == reply.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 3 and token.logprob <= 0
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)  # greedy takes the most likely
+        assert [t.logprob for t in token.top_logprobs] == sorted((t.logprob for t in token.top_logprobs), reverse=True)
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
+    assert all(len(top) == 2 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == 0
+
+
+def test_no_key_is_401_and_a_bad_key_too(server):
+    # The openai client refuses to send no key at all, so this one goes raw.
+    status, body = server.post("/v1/chat/completions", b"{}", {"Content-Type": "application/json"})
+    assert status == 401 and json.loads(body)["error"]["type"] == "authentication_error"
+    wrong = openai.OpenAI(base_url=server.api_base, api_key="pp-not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+
+
+def test_over_the_tokens_per_minute_limit_is_429(server):
+    key = server.api_key("tiny")
+    server.set_quota("tiny", tokens_per_minute=5)
+    tiny = openai.OpenAI(base_url=server.api_base, api_key=key, max_retries=0, timeout=300)
+    tiny.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4)  # under the limit: served
+    with pytest.raises(openai.RateLimitError) as limited:
+        tiny.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4)
+    assert limited.value.status_code == 429
+    assert "tokens per minute" in limited.value.body["message"]
+
+
+def test_prompt_too_long_for_the_model_is_400_streaming_or_not(client, server):
+    too_long = "hello " * 600  # over max_model_len (512) tokens, under the character cap
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=MODEL, prompt=too_long, max_tokens=4, stream=stream)
+        assert "max_model_len" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as capped:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10**6)
+    assert capped.value.body["param"] == "max_tokens"
+    server.wait_idle()
