@@ -22,6 +22,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -70,6 +71,9 @@ class RequestStream:
 
 
 class StreamingEngine:
+    # The block map in metrics() is rebuilt at most this often while busy (dashboards poll a few times a second).
+    BLOCK_MAP_INTERVAL_S = 0.1
+
     def __init__(self, **kwargs) -> None:
         self.args = EngineArgs(**kwargs)
         self.engine = LLMEngine(self.args)
@@ -80,6 +84,7 @@ class StreamingEngine:
         self._wakeup = threading.Event()
         self._streams: dict[str, RequestStream] = {}
         self._metrics: dict = self.engine.metrics()
+        self._block_map_time = time.monotonic()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -140,12 +145,19 @@ class StreamingEngine:
     # --- loop thread ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        checked_since_busy = True
         while not self._stopping:
             self._drain_commands()
             if not self.engine.has_unfinished_requests():
+                if not checked_since_busy:
+                    # Idle: assert the block-accounting invariants once, and publish exact figures.
+                    self._check_integrity()
+                    self._refresh_metrics(force=True)
+                    checked_since_busy = True
                 self._wakeup.wait(timeout=0.5)
                 self._wakeup.clear()
                 continue
+            checked_since_busy = False
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # keep serving: fail the in-flight requests, not the worker
@@ -154,7 +166,22 @@ class StreamingEngine:
                 continue
             for output in outputs:
                 self._publish(output)
+            self._refresh_metrics()
+
+    def _refresh_metrics(self, force: bool = False) -> None:
+        """Counters after every step; the per-block map (O(blocks)) at most every BLOCK_MAP_INTERVAL_S."""
+        now = time.monotonic()
+        if force or now - self._block_map_time >= self.BLOCK_MAP_INTERVAL_S:
             self._metrics = self.engine.metrics()
+            self._block_map_time = now
+        else:
+            self._metrics = {**self.engine.metrics(block_map=False), "block_map": self._metrics["block_map"]}
+
+    def _check_integrity(self) -> None:
+        try:
+            self.engine.check_integrity()
+        except AssertionError:  # a bug: say so loudly, but keep the worker serving
+            logger.exception("KV cache invariant violated")
 
     def _drain_commands(self) -> None:
         changed = False
@@ -178,7 +205,7 @@ class StreamingEngine:
             elif kind == "reset":
                 self.engine.reset_prefix_cache()
         if changed:
-            self._metrics = self.engine.metrics()
+            self._refresh_metrics(force=True)
 
     def _publish(self, output: RequestOutput) -> None:
         entry = self._streams.get(output.request_id)
