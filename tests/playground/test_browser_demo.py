@@ -1,0 +1,70 @@
+"""Browser test of the demo presenter page against the embedded playground (real model, Debian's
+chromium through playwright): starting 8 simulated users shows 8 streams and a rising memory chart."""
+import re
+from pathlib import Path
+
+import pytest
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+from api_server import start  # noqa: E402
+from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+
+MEMORY_CHART = '#charts [data-chart="memory"]'
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start(tmp_path_factory.mktemp("demo-browser"))
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def page():
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        yield page
+        browser.close()
+        assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def test_eight_simulated_users_stream_and_memory_rises(server, page):
+    page.goto(f"{server.base_url}/demo/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    # Idle worker first: the chart has points and nothing is held yet.
+    page.wait_for_function(f"() => Number(document.querySelector('{MEMORY_CHART}')?.dataset.points) >= 1",
+                           timeout=30_000)  # fmt: skip
+    assert float(page.get_attribute(MEMORY_CHART, "data-peak-usage")) == 0
+
+    page.fill('#controls [name="users"]', "8")
+    page.fill('#controls [name="rate"]', "8")
+    page.fill('#controls [name="max_tokens"]', "16")
+    page.click("#start")
+
+    page.wait_for_function("() => document.querySelectorAll('#streams .stream').length === 8", timeout=30_000)
+    # Every simulated user streams text, and the memory chart climbs above zero while they do.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#streams .stream-text')].every((t) => t.textContent.trim().length > 0)",
+        timeout=240_000,
+    )
+    page.wait_for_function(f"() => Number(document.querySelector('{MEMORY_CHART}').dataset.peakUsage) > 0",
+                           timeout=60_000)  # fmt: skip
+    assert int(page.get_attribute(MEMORY_CHART, "data-points")) >= 2
+    names = page.locator("#streams .stream-name").all_inner_texts()
+    assert len(set(names)) == 8
+    page.wait_for_selector('#run-status[data-state="finished"]', timeout=240_000)
+    assert page.locator('#streams .stream[data-state="done"]').count() == 8
+    stats = page.locator("#streams .stream-stats").all_inner_texts()
+    assert all("generated" in s for s in stats)
+    # Several presets share a system prompt: later arrivals find its blocks in the prefix cache.
+    assert any(int(re.search(r"(\d+) cached", s).group(1)) > 0 for s in stats)
+    server.wait_idle()
