@@ -25,6 +25,7 @@ from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 ENGINES = ("ours", "hf_static", "hf_continuous", "llamacpp")
+EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
 SHARED_PREFIX_RATE = {"full": 1.0, "quick": 4.0}
@@ -55,7 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG figures into DIR")
     p.add_argument("--workloads", type=Path, metavar="DIR",
                    help="load workloads from DIR/<kind>.jsonl when present, else build and save them there")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {', '.join(ENGINES)}")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help=f"chat-workload engines: comma-separated subset of {', '.join(ENGINES)}, or 'none'")
+    p.add_argument("--experiments", default=",".join(EXPERIMENTS),
+                   help=f"comma-separated subset of {', '.join(EXPERIMENTS)}, or 'none'")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arrival", choices=("all", "poisson"), default="all", help="chat workload arrivals")
@@ -65,17 +69,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, help="default 2048 (quick 512)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--no-experiments", action="store_true", help="only the chat workload comparison")
     p.add_argument("--report", type=Path, metavar="JSON",
                    help="print the text report of a saved --json result instead of running anything")
     args = p.parse_args(argv)
-    args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = set(args.engine_list) - set(ENGINES)
-    if unknown:
-        p.error(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(ENGINES)}")
+    args.engine_list = _choices(p, "engine", args.engines, ENGINES)
+    args.experiment_list = _choices(p, "experiment", args.experiments, EXPERIMENTS)
     if args.arrival == "poisson" and (args.rate is None or args.rate <= 0):
         p.error("--arrival poisson needs a positive --rate")
     return args
+
+
+def _choices(parser: argparse.ArgumentParser, what: str, given: str, allowed: tuple[str, ...]) -> list[str]:
+    chosen = [] if given.strip() == "none" else [x.strip() for x in given.split(",") if x.strip()]
+    unknown = set(chosen) - set(allowed)
+    if unknown:
+        parser.error(f"unknown {what}(s) {', '.join(sorted(unknown))}; choose from {', '.join(allowed)} or 'none'")
+    return chosen
 
 
 def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: Any, **kwargs: Any) -> workloads.Workload:
@@ -160,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": report.ratios(engines),
         "fixed_budget": experiments.fixed_budget(chat, config, runs),
     }
-    if "ours" in runs and not args.no_experiments:
+    if args.experiment_list:
         result.update(run_experiments(args, mode, config, tokenizer, progress, stages))
     result["targets"] = [t.__dict__ for t in report.targets(result)]
     result["stage_s"] = stages.seconds
@@ -178,22 +187,29 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
                     stages: Stages) -> dict[str, Any]:
     """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the roof)."""
     out: dict[str, Any] = {}
-    with stages.time("roofline"):
-        hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
-        out["roofline"] = roofline.measure(ours.make_engine(config), hf_model, config.model_path,
-                                           mode.roofline_batches, mode.roofline_steps)
-        del hf_model
-    with stages.time("prefix_caching"):
-        shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
-                               rate=SHARED_PREFIX_RATE[mode.name])
-        out["prefix_caching"] = experiments.prefix_caching(shared, config, progress)
-    with stages.time("parallel_sharing"):
-        parallel = load_or_build("parallel", args, mode, tokenizer)
-        out["parallel_sharing"] = experiments.parallel_sharing(parallel, config, progress)
-    out["beam_sharing"] = experiments.beam_sharing(load_or_build("beam", args, mode, tokenizer), config)
-    with stages.time("long"):
-        long = load_or_build("long", args, mode, tokenizer)
-        out["long"] = ours.run(long, config, progress=progress).figures(config)
+    todo = args.experiment_list
+    if "roofline" in todo:
+        with stages.time("roofline"):
+            hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
+            out["roofline"] = roofline.measure(ours.make_engine(config), hf_model, config.model_path,
+                                               mode.roofline_batches, mode.roofline_steps)
+            del hf_model
+    if "prefix-caching" in todo:
+        with stages.time("prefix_caching"):
+            shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                                   rate=SHARED_PREFIX_RATE[mode.name])
+            out["prefix_caching"] = experiments.prefix_caching(shared, config, progress)
+    if "parallel" in todo:
+        with stages.time("parallel_sharing"):
+            parallel = load_or_build("parallel", args, mode, tokenizer)
+            out["parallel_sharing"] = experiments.parallel_sharing(parallel, config, progress)
+    if "beam" in todo:
+        with stages.time("beam_sharing"):
+            out["beam_sharing"] = experiments.beam_sharing(load_or_build("beam", args, mode, tokenizer), config)
+    if "long" in todo:
+        with stages.time("long"):
+            long = load_or_build("long", args, mode, tokenizer)
+            out["long"] = ours.run(long, config, progress=progress).figures(config)
     return out
 
 

@@ -2,7 +2,7 @@
 
 - prefix caching on vs off on the shared-system-prompt workload (prompt tokens computed, TTFT p50);
 - n=4 parallel sampling with shared prompt blocks vs the same samples as independent requests (peak blocks);
-- beam width 4: blocks saved by sharing (skipped with a note while the engine has no beam search);
+- beam width 4: blocks saved by beams sharing their blocks;
 - the fixed KV budget: how many sequences each allocation policy holds, and the throughput that follows.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from inference import LLM
+from inference import BeamSearchParams
 from inference.bench import kv
 from inference.bench.engines import ours
 from inference.bench.engines.base import EngineRun, RunConfig
@@ -46,10 +46,31 @@ def parallel_sharing(workload: Workload, config: RunConfig, progress: bool = Fal
 
 
 def beam_sharing(workload: Workload, config: RunConfig) -> dict[str, Any]:
-    """Blocks saved by beams sharing their prefix; needs `LLM.beam_search`, which the engine may not have yet."""
-    if not hasattr(LLM, "beam_search"):
-        return {"skipped": "the engine has no beam search yet (issue 4); nothing to measure"}
-    return {"skipped": "LLM.beam_search exists but the benchmark does not drive it yet"}
+    """Beam search on shared blocks: blocks used vs what the same beams would hold without sharing.
+
+    Without sharing every beam would own a copy of each block in its table, i.e. the sum of the ref counts;
+    the engine holds each such block once. Both are read from the block map after every step. Prefix caching
+    is off so only the beams' forking shares blocks.
+    """
+    engine = ours.make_engine(config, enable_prefix_caching=False)
+    for request in workload.requests:
+        params = BeamSearchParams(beam_width=request.beam_width, max_tokens=request.max_tokens, ignore_eos=True)
+        engine.add_beam_search(request.request_id, {"prompt_token_ids": request.prompt_token_ids}, params)
+    peak_used = peak_unshared = used_area = unshared_area = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        m = engine.metrics(block_map=True)
+        used, unshared = m["num_blocks_used"], sum(b["ref_count"] for b in m["block_map"])
+        peak_used, peak_unshared = max(peak_used, used), max(peak_unshared, unshared)
+        used_area, unshared_area = used_area + used, unshared_area + unshared
+    return {
+        "beam_width": max(r.beam_width for r in workload.requests),
+        "num_requests": len(workload.requests),
+        "peak_blocks_shared": peak_used,
+        "peak_blocks_unshared": peak_unshared,
+        "blocks_saved_at_peak": 1 - peak_used / peak_unshared,
+        "blocks_saved_avg": 1 - used_area / unshared_area,
+    }
 
 
 def fixed_budget(workload: Workload, config: RunConfig, runs: dict[str, EngineRun]) -> dict[str, Any]:

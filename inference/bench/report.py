@@ -116,6 +116,8 @@ def targets(result: dict[str, Any]) -> list[Target]:
         _at_least(4, "shared prefix: prompt tokens computed, reduction", prefix.get("prompt_tokens_computed_reduction"), 0.85),
         _at_least(4, "shared prefix: TTFT p50 off / on", prefix.get("ttft_p50_speedup"), 3),
         _at_most(4, "n=4: peak KV blocks shared / unshared", parallel.get("peak_blocks_ratio"), 0.40),
+        _at_least(4, "beam width 4: KV blocks saved by sharing, step average (paper: 0.37-0.55)",
+                  result.get("beam_sharing", {}).get("blocks_saved_avg"), 0.37),
     ]
 
 
@@ -125,9 +127,11 @@ def targets_table(result: dict[str, Any]) -> str:
 
 def text_report(result: dict[str, Any]) -> str:
     """The human-readable report printed at the end of a run (markdown, so it pastes into BENCHMARKS.md)."""
-    parts = [f"## chat workload ({result['workload']['num_requests']} requests, "
-             f"{result['workload']['output_tokens']} output tokens, arrival {result['workload']['arrival']})",
-             engines_table(result["engines"])]
+    parts = []
+    if result["engines"]:
+        parts += [f"## chat workload ({result['workload']['num_requests']} requests, "
+                  f"{result['workload']['output_tokens']} output tokens, arrival {result['workload']['arrival']})",
+                  engines_table(result["engines"])]
     for name, note in result.get("skipped", {}).items():
         parts.append(f"- {name}: skipped ({note})")
     if result.get("ratios"):
@@ -137,7 +141,7 @@ def text_report(result: dict[str, Any]) -> str:
             [[peer, f"{v['output_tokens_per_s']:.2f}", f"{v['requests_per_s']:.2f}",
               f"{v['ttft_p50_peer_over_ours']:.2f}", f"{v['kv_avg_reserved_peer_over_ours']:.2f}"]
              for peer, v in result["ratios"].items()]))
-    if "fixed_budget" in result:
+    if result.get("fixed_budget", {}).get("measured"):
         parts.append(fixed_budget_section(result["fixed_budget"]))
     if "roofline" in result:
         parts.append(roofline_section(result["roofline"]))
@@ -146,7 +150,11 @@ def text_report(result: dict[str, Any]) -> str:
     if "parallel_sharing" in result:
         parts.append(pair_section("n=4 parallel sampling", result["parallel_sharing"], "shared", "unshared"))
     if "beam_sharing" in result:
-        parts.append(f"### beam width 4\n{result['beam_sharing']}")
+        beam = result["beam_sharing"]
+        parts.append(f"### beam search (width {beam['beam_width']}, {beam['num_requests']} prompts)\n" + markdown_table(
+            ["figure", "with sharing", "without (sum of ref counts)"],
+            [["peak KV blocks", str(beam["peak_blocks_shared"]), str(beam["peak_blocks_unshared"])],
+             ["blocks saved", f"at peak {beam['blocks_saved_at_peak']:.2f}", f"step average {beam['blocks_saved_avg']:.2f}"]]))
     if "long" in result:
         parts.append("### long prompts (near max_model_len), ours\n" + engines_table({"ours": result["long"]}))
     parts.append("### targets\n" + targets_table(result))

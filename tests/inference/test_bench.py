@@ -199,6 +199,8 @@ def test_quick_run_experiments_and_outputs(quick_result):
     parallel = result["parallel_sharing"]
     assert parallel["shared"]["kv_peak_blocks"] < parallel["unshared"]["kv_peak_blocks"]
     assert parallel["shared"]["kv_peak_blocks_unshared"] > parallel["shared"]["kv_peak_blocks"]
+    beam = result["beam_sharing"]
+    assert beam["peak_blocks_shared"] < beam["peak_blocks_unshared"] and 0 < beam["blocks_saved_avg"] < 1
     cap = result["fixed_budget"]["capacity"]
     assert cap["max_length_prealloc"] <= cap["padded_to_longest"] <= cap["paging"]
     assert {t["what"] for t in result["targets"]} and all("met" in t for t in result["targets"])
