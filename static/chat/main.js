@@ -73,6 +73,11 @@ const historyList = new ConversationList($("conv-list"), $("conv-empty"), {
 const kvPanel = new KvPanel({ figures: $("kv-figures"), charts: $("kv-charts"), worker: $("kv-worker"),
   idle: $("kv-idle") });
 
+/** Worker snapshot summaries for the KV panel come on their own read-only feed (docs/metrics.md). */
+const kvFeed = new JsonSocket("/ws/kv/", {
+  onMessage: (msg) => (msg.type === "snapshot" ? kvPanel.update(msg) : console.warn("unknown frame", msg)),
+});
+
 const socket = new JsonSocket(config.ws_path ?? "/ws/chat/", {
   onMessage: handleFrame,
   onStatus: (status) => {
@@ -287,8 +292,6 @@ function handleFrame(msg) {
     case "token": return handleToken(msg);
     case "done": return handleDone(msg);
     case "error": return handleError(msg);
-    case "snapshot": return kvPanel.update(msg);
-    case "metrics": return kvPanel.update(msg.snapshot ?? msg);
     default: return console.warn("unknown frame", msg);
   }
 }
@@ -431,6 +434,7 @@ function init() {
   updateEmptyState();
   setBusy(false);
   socket.connect();
+  kvFeed.connect();
   refreshHistory();
   els.prompt.focus();
 }

@@ -1,18 +1,21 @@
 /**
- * Reading worker snapshots (the `/ws/memory/` feed and the chat page's metrics events).
+ * Reading worker snapshots: the admin view's `/ws/memory/` feed and the chat page's `/ws/kv/` feed.
  *
  * `chartValues()` is the one place that maps a snapshot onto the numbers the charts plot; `decodeBlockMap()`
  * expands the compact block map (one state character per physical block) into per-block records.
  *
- * Snapshot shape:
+ * Snapshot shape (built by playground/dashboard/snapshot.py; `/ws/kv/` sends it without block_map,
+ * requests and contiguous_reserved_blocks):
  *   {"type": "snapshot", "worker": str, "time": float (epoch seconds),
  *    "metrics": {num_blocks_total, num_blocks_used, num_blocks_free, num_blocks_cached, kv_cache_usage,
  *                kv_slot_utilization, num_requests_running, num_requests_waiting, num_preemptions_total,
  *                prefix_cache_queries_total, prefix_cache_hits_total, generation_tokens_total, block_size, ...},
  *    "tokens_per_s": float,
- *    "block_map": {"states": "fuscc...", "ref_counts": [int...], "owners": {"<block id>": [request ids]}},
- *    "requests": [{"request_id", "block_table": [int...], "context_len", "max_len"}],
+ *    "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
+ *    "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}],
  *    "contiguous_reserved_blocks": int}
+ * Block states: f free, u used by one sequence, s shared by several, c cached and evictable. `requests` has
+ * one entry per running sequence (sample `index` of a request with n > 1).
  */
 
 export const BLOCK_STATES = { f: "free", u: "used", s: "shared", c: "cached" };
@@ -53,19 +56,22 @@ export function chartValues(snapshot, previous = null) {
   };
 }
 
+/** The ref count a state implies when the map does not list one: 1 for used, 0 for free and cached. */
+const IMPLIED_REF_COUNT = { f: 0, u: 1, c: 0 };
+
 /**
  * Expand the compact block map into `[{id, state, refCount, owners}]`, one record per physical block.
+ * `ref_counts` is `{"<block id>": count}` for the shared blocks only: the other states imply their count.
  * Throws on a malformed map so a schema drift shows up as a clear console error, not a wrong picture.
  */
 export function decodeBlockMap(blockMap) {
-  const { states = "", ref_counts: refCounts = [], owners = {} } = blockMap ?? {};
+  const { states = "", ref_counts: refCounts = {}, owners = {} } = blockMap ?? {};
   if (typeof states !== "string") throw new Error("block_map.states must be a string");
-  if (refCounts.length !== 0 && refCounts.length !== states.length) {
-    throw new Error(`block_map has ${states.length} states but ${refCounts.length} ref counts`);
-  }
   return Array.from(states, (ch, id) => {
     const state = BLOCK_STATES[ch];
     if (!state) throw new Error(`block_map.states has unknown state ${JSON.stringify(ch)} at block ${id}`);
-    return { id, state, refCount: refCounts[id] ?? 0, owners: owners[String(id)] ?? [] };
+    const refCount = refCounts[String(id)] ?? IMPLIED_REF_COUNT[ch];
+    if (refCount === undefined) throw new Error(`block_map has no ref count for shared block ${id}`);
+    return { id, state, refCount, owners: owners[String(id)] ?? [] };
   });
 }

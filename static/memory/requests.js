@@ -41,14 +41,19 @@ export class RequestTable {
   }
 
   /**
-   * @param {{request_id: string, block_table: number[], context_len: number, max_len: number}[]} requests
+   * @param {{request_id: string, index?: number, block_table: number[], context_len: number,
+   *          max_len: number}[]} requests  one entry per sequence (sample `index` of the request)
    * @param {{refCount: number}[]} blocks  the decoded block map, to mark shared physical blocks
    * @param {number} blockSize
    */
   update(requests, blocks, blockSize) {
     const live = new Set(requests.map((r) => r.request_id));
     for (const id of this.aborting) if (!live.has(id)) this.aborting.delete(id);
-    this.tables = new Map(requests.map((r) => [r.request_id, r.block_table]));
+    // A request with n samples has one entry per sample; hovering any of its rows lights up all its blocks.
+    this.tables = new Map();
+    for (const r of requests) {
+      this.tables.set(r.request_id, [...(this.tables.get(r.request_id) ?? []), ...r.block_table]);
+    }
     this.tbody.replaceChildren(...requests.map((r) => this.row(r, blocks, blockSize)));
     this.emptyNote.hidden = requests.length > 0;
     if (this.hovered !== null) this.hover(live.has(this.hovered) ? this.hovered : null);
@@ -61,6 +66,7 @@ export class RequestTable {
     const swatch = el("span", "swatch");
     swatch.style.background = requestColor(request.request_id);
     name.append(swatch, el("code", "", request.request_id));
+    if (request.index) name.append(el("span", "muted", ` #${request.index}`));
 
     const maxBlocks = Math.ceil(request.max_len / blockSize);
     const sizes = el("td", "req-size");

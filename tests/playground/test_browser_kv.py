@@ -29,7 +29,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 
-# In-page test double for WebSocket: the test pushes frames with __deliver(obj); sent frames land in __sent.
+# In-page test double for WebSocket: the test pushes frames with __deliver(obj, path) to the page's latest
+# socket on that path; frames the page sends land in __sent.
 FAKE_SOCKET = """
 window.__sent = [];
 window.__sockets = [];
@@ -46,7 +47,7 @@ class ScriptedSocket extends EventTarget {
   close() { this.readyState = 3; this.dispatchEvent(new Event('close')); }
 }
 window.WebSocket = ScriptedSocket;
-window.__deliver = (obj) => window.__sockets.at(-1).dispatchEvent(
+window.__deliver = (obj, path) => window.__sockets.filter((s) => s.url.endsWith(path)).at(-1).dispatchEvent(
   new MessageEvent('message', { data: JSON.stringify(obj) }));
 """
 
@@ -57,16 +58,17 @@ MAX_LEN = 512
 
 def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: list[int], tokens_per_s: float) -> dict:
     """A snapshot in the documented shape, consistent with the given block tables and cached blocks."""
-    ref_counts = [0] * NUM_BLOCKS
+    refs = [0] * NUM_BLOCKS
     owners: dict[str, list[str]] = {}
     for request_id, table in tables.items():
         for block in table:
-            ref_counts[block] += 1
+            refs[block] += 1
             owners.setdefault(str(block), []).append(request_id)
     states = "".join(
-        ("s" if ref > 1 else "u") if ref else ("c" if block in cached else "f") for block, ref in enumerate(ref_counts)
+        ("s" if ref > 1 else "u") if ref else ("c" if block in cached else "f") for block, ref in enumerate(refs)
     )
-    used = sum(1 for ref in ref_counts if ref)
+    used = sum(1 for ref in refs if ref)
+    shared_ref_counts = {str(block): ref for block, ref in enumerate(refs) if ref > 1}
     return {
         "type": "snapshot",
         "worker": worker,
@@ -79,13 +81,19 @@ def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: lis
             "prefix_cache_queries_total": 10, "prefix_cache_hits_total": 4, "generation_tokens_total": 100,
         },  # fmt: skip
         "tokens_per_s": tokens_per_s,
-        "block_map": {"states": states, "ref_counts": ref_counts, "owners": owners},
+        "block_map": {"states": states, "ref_counts": shared_ref_counts, "owners": owners},
         "requests": [
-            {"request_id": rid, "block_table": table, "context_len": len(table) * BLOCK_SIZE - 3, "max_len": MAX_LEN}
+            {"request_id": rid, "index": 0, "block_table": table, "context_len": len(table) * BLOCK_SIZE - 3,
+             "max_len": MAX_LEN}
             for rid, table in tables.items()
         ],
         "contiguous_reserved_blocks": len(tables) * math.ceil(MAX_LEN / BLOCK_SIZE),
     }
+
+
+def summary(full: dict) -> dict:
+    """What the chat page's `/ws/kv/` feed carries: the snapshot without anything naming requests."""
+    return {k: v for k, v in full.items() if k not in ("block_map", "requests", "contiguous_reserved_blocks")}
 
 
 # Request "alpha" and "beta" share their first two blocks (a common prompt prefix); 7 and 8 are cached.
@@ -174,8 +182,8 @@ def page(open_page):
     return open_page("/memory/")
 
 
-def deliver(page, frame: dict) -> None:
-    page.evaluate("(frame) => window.__deliver(frame)", frame)
+def deliver(page, frame: dict, path: str = "/ws/memory/") -> None:
+    page.evaluate("([frame, path]) => window.__deliver(frame, path)", [frame, path])
 
 
 def card(page, worker: str):
@@ -274,8 +282,8 @@ def test_several_workers_appear_side_by_side_and_errors_are_shown(page):
 def test_chat_panel_charts_the_watched_worker_and_switches_between_workers(open_page):
     page = open_page("/")
     assert page.locator("#kv-idle").is_visible()
-    deliver(page, snapshot("w1", 1000.0, TABLES, CACHED, 50.0))
-    deliver(page, snapshot("w1", 1000.5, {"alpha": [0, 1, 2, 3]}, CACHED, 60.0))
+    deliver(page, summary(snapshot("w1", 1000.0, TABLES, CACHED, 50.0)), "/ws/kv/")
+    deliver(page, summary(snapshot("w1", 1000.5, {"alpha": [0, 1, 2, 3]}, CACHED, 60.0)), "/ws/kv/")
     assert page.locator("#kv-idle").is_hidden()
     charts = page.locator("#kv-charts .chart")
     assert charts.evaluate_all("els => els.map(e => e.dataset.chart)") == ["memory", "requests", "throughput"]
@@ -289,11 +297,11 @@ def test_chat_panel_charts_the_watched_worker_and_switches_between_workers(open_
     assert page.locator("#kv-worker").inner_text() == "w1"
 
     # A second worker: a picker appears; the panel keeps the first until the user switches.
-    deliver(page, snapshot("w2", 1000.7, {"gamma": [3]}, [], 10.0))
+    deliver(page, summary(snapshot("w2", 1000.7, {"gamma": [3]}, [], 10.0)), "/ws/kv/")
     picker = page.locator("#kv-worker select")
     assert picker.evaluate("s => [...s.options].map(o => o.value)") == ["w1", "w2"]
     assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "60.0"
     picker.select_option("w2")
-    deliver(page, snapshot("w2", 1001.0, {"gamma": [3, 4]}, [], 20.0))
+    deliver(page, summary(snapshot("w2", 1001.0, {"gamma": [3, 4]}, [], 20.0)), "/ws/kv/")
     assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "20.0"
     assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"1"}
