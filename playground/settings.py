@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "playground.accounts",
     "playground.api",
     "playground.demo",
+    "playground.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -166,6 +167,8 @@ PLAYGROUND_API = {
 PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
 if PLAYGROUND_CACHE_SALT not in ("off", "user"):
     raise ImproperlyConfigured(f"PLAYGROUND_CACHE_SALT={PLAYGROUND_CACHE_SALT!r}: use 'off' or 'user'")
+# KV dashboard: a busy worker publishes a snapshot every this many ms (playground/dashboard/publisher.py).
+PLAYGROUND_KV_SNAPSHOT_MS = env_int("PLAYGROUND_KV_SNAPSHOT_MS", 250, minimum=50)
 # Demo mode: at most this many simulated users per run.
 PLAYGROUND_DEMO_MAX_USERS = env_int("PLAYGROUND_DEMO_MAX_USERS", 32, minimum=1)
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("api/conversations/", chat_views.conversation_list, name="api-conversations"),
     path("api/conversations/<uuid:conversation_id>/", chat_views.conversation, name="api-conversation"),
     path("healthz", serving_views.healthz, name="healthz"),
+    path("", include("playground.dashboard.urls")),  # /memory/ and /metrics
     path("v1/", include("playground.api.urls")),
     path("account/", include("playground.accounts.urls")),
     path("demo/", include("playground.demo.urls")),

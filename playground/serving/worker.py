@@ -25,6 +25,8 @@ from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground.dashboard.publisher import SnapshotPublisher
+
 from . import registry
 from .bridge import LoopBridge
 from .engine_service import EngineService, EngineUnavailable
@@ -49,6 +51,7 @@ class WorkerRuntime:
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
         self._abort_listener: Future | None = None
+        self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -56,9 +59,11 @@ class WorkerRuntime:
         threading.Thread(target=self.service.load, name="engine-load", daemon=True).start()
         threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True).start()
         self._abort_listener = self.bridge.submit(self._listen_for_aborts())
+        self.publisher.start()
 
     def stop(self) -> None:
         self._stopping.set()
+        self.publisher.stop()
         if self._abort_listener is not None:
             self._abort_listener.cancel()
         try:
@@ -76,6 +81,8 @@ class WorkerRuntime:
             "pid": os.getpid(),
             "state": self.service.state,
             "metrics": self.service.metrics(),
+            "model": settings.PLAYGROUND_ENGINE["model"],
+            "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
         }
 
     def _heartbeat_loop(self) -> None:
@@ -110,6 +117,8 @@ class WorkerRuntime:
             message = await layer.receive(channel)
             if message.get("type") == "gen.abort" and isinstance(message.get("request_id"), str):
                 self.abort(message["request_id"])
+            else:
+                self.publisher.control(message)  # the dashboard's refresh and reset-prefix-cache requests
 
     # --- requests ---------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
@@ -166,6 +175,7 @@ class WorkerRuntime:
         finally:
             with self._lock:
                 self._live.discard(request_id)
+        self.publisher.observe(stream.final.metrics)
         send({"type": "gen.done", "worker": self.name, **done})
 
 

@@ -1,0 +1,105 @@
+"""Worker side of the dashboard: publish the engine's KV snapshot a few times a second while it changes.
+
+Each GPU worker runtime owns one SnapshotPublisher. Its thread samples the engine every `interval_s`; it
+publishes when the engine's figures changed since the last look, for a short while after the last change
+(so tokens/s is seen falling to zero), or when a viewer asked (`kv.refresh`); an idle worker is quiet.
+Request threads report finished requests through `observe`, which feeds the latency percentiles of the
+snapshot and the histograms the heartbeat carries to `/metrics`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from channels.layers import get_channel_layer
+
+from . import feed, snapshot
+from .stats import LatencyStats, RequestTimes, ThroughputMeter
+
+if TYPE_CHECKING:
+    from playground.serving.bridge import LoopBridge
+    from playground.serving.engine_service import EngineService
+
+logger = logging.getLogger(__name__)
+
+THROUGHPUT_WINDOW_S = 2.0
+SEND_TIMEOUT_S = 5.0
+
+
+class SnapshotPublisher:
+    def __init__(self, worker: str, service: EngineService, bridge: LoopBridge, interval_s: float) -> None:
+        self.worker = worker
+        self.service = service
+        self.bridge = bridge
+        self.interval_s = interval_s
+        # Publish this long after the last change: long enough for the throughput window to drain to 0.
+        self.linger_s = THROUGHPUT_WINDOW_S + 2 * interval_s
+        self.latency = LatencyStats()
+        self._meter = ThroughputMeter(THROUGHPUT_WINDOW_S)
+        self._last_metrics: dict[str, Any] | None = None
+        self._changed_at = float("-inf")
+        self._refresh = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="kv-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def observe(self, times: RequestTimes) -> None:
+        """Record a finished request's timings (any thread)."""
+        self.latency.observe(times)
+
+    def control(self, message: dict[str, Any]) -> None:
+        """Handle a dashboard message of the control group (see feed.py); other messages are ignored."""
+        kind = message.get("type")
+        if kind == feed.REFRESH:
+            self._refresh.set()
+        elif kind == feed.RESET_PREFIX_CACHE and message.get("worker") == self.worker:
+            self.service.reset_prefix_cache()
+            self._refresh.set()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            try:
+                found = self.poll(time.monotonic())
+                if found is not None:
+                    self.publish(found)
+            except Exception:
+                logger.exception("could not publish a KV snapshot")
+
+    def poll(self, now: float) -> dict[str, Any] | None:
+        """The snapshot to publish now (monotonic time `now`), or None when there is nothing to say."""
+        metrics = self.service.metrics(block_map=True)
+        if not metrics.get("block_map"):
+            return None  # no engine yet (loading), so no pool to show
+        tokens_per_s = self._meter.sample(now, metrics.get("generation_tokens_total", 0))
+        if metrics is not self._last_metrics and metrics != self._last_metrics:
+            self._last_metrics = metrics
+            self._changed_at = now
+        asked = self._refresh.is_set()
+        self._refresh.clear()
+        if not asked and now - self._changed_at > self.linger_s:
+            return None
+        return snapshot.build(
+            self.worker,
+            metrics,
+            self.service.live_sequences(),
+            self.service.max_model_len,
+            tokens_per_s,
+            self.latency.summary(),
+            time.time(),
+        )
+
+    def publish(self, full: dict[str, Any]) -> None:
+        """Send a snapshot to the memory view's group and its summary to the chat pages' group."""
+        layer = get_channel_layer()
+        for group, body in ((feed.KV_GROUP, full), (feed.SUMMARY_GROUP, snapshot.summary(full))):
+            self.bridge.call(layer.group_send(group, {"type": feed.SNAPSHOT, "snapshot": body}), SEND_TIMEOUT_S)

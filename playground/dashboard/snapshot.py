@@ -1,0 +1,101 @@
+"""A worker's KV snapshot: what `/ws/memory/` and the chat page's KV panel draw (static/common/snapshot.js).
+
+Plain functions over plain data (no Django, no torch), so the shape is tested without a model. Shape:
+
+    {"type": "snapshot", "worker": str, "time": float (epoch seconds),
+     "metrics": the engine's metrics() without "block_map",
+     "tokens_per_s": float, "latency": {"ttft_ms": {p50, p90, p99}, "itl_ms": {...}, "requests": int},
+     "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
+     "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}],
+     "contiguous_reserved_blocks": int}
+
+The block map is compact so that a GPU-sized pool (100k+ blocks) fits a channel-layer message: one state
+character per physical block (f free, u used by one sequence, s shared by several, c cached and evictable);
+ref counts only where the state does not imply them (shared blocks: u means 1, f and c mean 0); owners only
+for blocks in use. `requests` holds one entry per running sequence (a request with n samples has n).
+The chat page gets `summary()`: the same without the block map and requests, which name other users'
+requests.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+STATE_CODES = {"free": "f", "used": "u", "shared": "s", "cached": "c"}
+
+
+def encode_block_map(block_map: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compact form of the engine's block map (a list of {"state", "ref_count", "owners"} per block)."""
+    states = []
+    ref_counts: dict[str, int] = {}
+    owners: dict[str, list[str]] = {}
+    for block_id, block in enumerate(block_map):
+        state, ref_count = block["state"], block["ref_count"]
+        if state == "used" and ref_count > 1:
+            state = "shared"
+            ref_counts[str(block_id)] = ref_count
+        if state not in STATE_CODES:
+            raise ValueError(f"block {block_id} has unknown state {state!r}")
+        states.append(STATE_CODES[state])
+        if block["owners"]:
+            owners[str(block_id)] = list(block["owners"])
+    return {"states": "".join(states), "ref_counts": ref_counts, "owners": owners}
+
+
+def max_len(seq: Any, max_model_len: int) -> int:
+    """Tokens the sequence may reach: what a contiguous allocator would reserve for it up front."""
+    max_tokens = seq.request.params.max_tokens
+    if max_tokens is None:
+        return max_model_len
+    return min(seq.num_prompt_tokens + max_tokens, max_model_len)
+
+
+def request_tables(sequences: Iterable[Any], max_model_len: int) -> list[dict[str, Any]]:
+    """One entry per running sequence (`inference.sequence.Sequence`; read: request_id, index, block_table,
+    num_computed_tokens, num_prompt_tokens, request.params.max_tokens): block table (logical i → physical)
+    and lengths."""
+    return [
+        {
+            "request_id": seq.request_id,
+            "index": seq.index,
+            "block_table": list(seq.block_table),
+            "context_len": seq.num_computed_tokens,
+            "max_len": max_len(seq, max_model_len),
+        }
+        for seq in sequences
+    ]
+
+
+def contiguous_reserved_blocks(requests: list[dict[str, Any]], block_size: int) -> int:
+    """Blocks the same sequences would pin if each pre-allocated its maximum length (no sharing)."""
+    return sum(math.ceil(r["max_len"] / block_size) for r in requests)
+
+
+def build(
+    worker: str,
+    metrics: dict[str, Any],
+    sequences: Iterable[Any],
+    max_model_len: int,
+    tokens_per_s: float,
+    latency: dict[str, Any],
+    now: float,
+) -> dict[str, Any]:
+    """The full snapshot of one worker (shape in the module docstring). `metrics` must hold "block_map"."""
+    requests = request_tables(sequences, max_model_len)
+    return {
+        "type": "snapshot",
+        "worker": worker,
+        "time": now,
+        "metrics": {k: v for k, v in metrics.items() if k != "block_map"},
+        "tokens_per_s": round(tokens_per_s, 2),
+        "latency": latency,
+        "block_map": encode_block_map(metrics["block_map"]),
+        "requests": requests,
+        "contiguous_reserved_blocks": contiguous_reserved_blocks(requests, metrics["block_size"]),
+    }
+
+
+def summary(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot without anything that names requests: for the chat page, which any user may open."""
+    return {k: v for k, v in snapshot.items() if k not in ("block_map", "requests", "contiguous_reserved_blocks")}

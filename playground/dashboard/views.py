@@ -1,0 +1,28 @@
+"""Pages of the dashboard: the staff-only memory view and Prometheus' `/metrics`."""
+from django.contrib.auth.decorators import user_passes_test
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from playground.serving import registry
+
+from .prometheus import registry_for
+
+
+def is_staff(user) -> bool:
+    return bool(user and user.is_active and user.is_staff)
+
+
+@require_GET
+@user_passes_test(is_staff)  # anyone else is sent to the login page
+def memory(request: HttpRequest) -> HttpResponse:
+    """The admin memory view; everything on it comes live over `/ws/memory/` (static/memory/main.js)."""
+    return render(request, "memory/index.html")
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Every live worker's figures in Prometheus' text format (see prometheus.py and docs/metrics.md).
+    Unauthenticated, as Prometheus scrapes it: it names workers and counts, never users or requests."""
+    return HttpResponse(generate_latest(registry_for(registry.live_workers)), content_type=CONTENT_TYPE_LATEST)
