@@ -1,12 +1,14 @@
 """The OpenAI-compatible API with the official `openai` client against the running embedded playground
 (daphne, in-process Celery worker, real model): chat and completions, streaming and not, n=2, stop,
 logprobs, usage; greedy texts equal the engine's own; 401 without a key, 429 over a limit, 400 for a
-prompt too long for the model."""
+prompt too long for the model; websockets from a foreign Origin are refused."""
 import json
 
 import openai
 import pytest
 from api_server import MODEL, reference_llm, start
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 pytestmark = pytest.mark.slow
 
@@ -140,3 +142,13 @@ def test_prompt_too_long_for_the_model_is_400_streaming_or_not(client, server):
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10**6)
     assert capped.value.body["param"] == "max_tokens"
     server.wait_idle()
+
+
+@pytest.mark.parametrize("path", ["/ws/chat/", "/ws/demo/"])
+def test_websocket_from_a_foreign_origin_is_refused(server, path):
+    url = f"ws://127.0.0.1:{server.port}{path}"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, origin="http://evil.example", proxy=None, open_timeout=10)
+    assert refused.value.response.status_code == 403
+    with connect(url, origin=server.base_url, proxy=None, open_timeout=10):  # the page's own origin is let in
+        pass
