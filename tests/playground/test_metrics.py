@@ -1,0 +1,96 @@
+"""`/metrics`: every live worker's heartbeat as Prometheus text under vLLM's names, one series per worker.
+
+The real engine's figures are checked against `/metrics` in test_dashboard_engine.py; here the heartbeats
+are written by hand to check the exposition itself: parsing, labels, counters, histograms, several workers.
+"""
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from playground.dashboard.prometheus import COUNTERS, GAUGES, HISTOGRAMS
+from playground.dashboard.stats import LatencyStats
+from playground.serving import registry
+
+
+class Times:
+    def __init__(self, arrival: float, tokens: list[float]) -> None:
+        self.arrival_time, self.first_token_time, self.finished_time = arrival, tokens[0], tokens[-1]
+        self.token_times = tokens
+
+
+def engine_metrics(scale: int) -> dict:
+    """Figures in the shape of the engine's metrics() (without the block map), distinct per worker."""
+    return {
+        "block_size": 16, "num_blocks_total": 100 * scale, "num_blocks_used": 10 * scale,
+        "num_blocks_free": 85 * scale, "num_blocks_cached": 5 * scale, "num_blocks_shared": 2 * scale,
+        "kv_cache_usage": 0.1, "kv_slot_utilization": 0.875, "num_requests_running": 3 * scale,
+        "num_requests_waiting": scale, "num_preemptions_total": 7 * scale, "prompt_tokens_total": 1000 * scale,
+        "generation_tokens_total": 500 * scale, "prefix_cache_queries_total": 800 * scale,
+        "prefix_cache_hits_total": 320 * scale, "prefix_cache_hit_rate": 0.4, "evictions_total": 4 * scale,
+        "cow_copies_total": 6 * scale,
+    }  # fmt: skip
+
+
+def beat(name: str, scale: int, latency: LatencyStats, state: str = "ready") -> dict:
+    heartbeat = {"name": name, "state": state, "model": "smollm2-135m-instruct",
+                 "metrics": engine_metrics(scale) if state == "ready" else {}, "latency": latency.export()}  # fmt: skip
+    registry.beat(heartbeat)
+    return heartbeat
+
+
+def scrape(client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return {family.name: family for family in text_string_to_metric_families(response.content.decode())}
+
+
+def values(family, sample_name: str) -> dict:
+    """{worker: value} of one sample name of a family."""
+    return {s.labels["worker"]: s.value for s in family.samples if s.name == sample_name}
+
+
+def test_every_live_worker_appears_with_its_figures_under_vllm_names(client):
+    one, two = LatencyStats(), LatencyStats()
+    one.observe(Times(0.0, [0.05, 0.07, 0.10]))
+    one.observe(Times(10.0, [10.3, 10.32]))
+    beat("w1@a", 1, one)
+    beat("w2@b", 2, two)
+    beat("w3@c", 1, LatencyStats(), state="loading")  # no figures yet: left out
+    families = scrape(client)
+
+    for name, _, key in GAUGES:
+        assert families[name].type == "gauge"
+        assert values(families[name], name) == {"w1@a": engine_metrics(1)[key], "w2@b": engine_metrics(2)[key]}
+    for name, _, key in COUNTERS:
+        assert families[name].type == "counter"
+        assert values(families[name], name + "_total") == {
+            "w1@a": engine_metrics(1)[key], "w2@b": engine_metrics(2)[key]
+        }  # fmt: skip
+    sample = families["vllm:num_requests_running"].samples[0]
+    assert sample.labels == {"worker": "w1@a", "model_name": "smollm2-135m-instruct"}
+
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert ttft.type == "histogram"
+    assert values(ttft, "vllm:time_to_first_token_seconds_count") == {"w1@a": 2, "w2@b": 0}
+    assert values(ttft, "vllm:time_to_first_token_seconds_sum")["w1@a"] == pytest.approx(0.35)
+    buckets = {s.labels["le"]: s.value for s in ttft.samples
+               if s.name.endswith("_bucket") and s.labels["worker"] == "w1@a"}  # fmt: skip
+    assert buckets["0.04"] == 0 and buckets["0.06"] == 1 and buckets["0.25"] == 1 and buckets["0.5"] == 2
+    assert buckets["+Inf"] == 2
+    itl = families["vllm:inter_token_latency_seconds"]
+    assert values(itl, "vllm:inter_token_latency_seconds_count") == {"w1@a": 3, "w2@b": 0}
+    e2e = families["vllm:e2e_request_latency_seconds"]
+    assert values(e2e, "vllm:e2e_request_latency_seconds_sum")["w1@a"] == pytest.approx(0.42)
+    assert {name for name, _, _ in HISTOGRAMS} <= set(families)
+
+
+def test_a_dead_worker_drops_out_and_no_worker_means_empty_families(client):
+    beat("w1@a", 1, LatencyStats())
+    registry.forget("w1@a")
+    families = scrape(client)
+    assert families["vllm:num_requests_running"].samples == []
+    assert families["vllm:time_to_first_token_seconds"].samples == []
+
+
+def test_metrics_is_plain_get(client):
+    assert client.post("/metrics").status_code == 405
