@@ -1,10 +1,10 @@
 """DemoConsumer: the /ws/demo/ socket of the presenter page (protocol in docs/api.md, "Demo mode").
 
 Everyone on the page watches the same run: the consumer joins group `demo` (events from the runner) and
-sends the worker snapshots from the registry a few times a second for the memory charts. Starting and
-stopping a run is for presenters: staff, or anyone while anonymous chat is allowed (the embedded default).
+the dashboard's summary feed (group `kv.summary`: each worker's figures a few times a second while it is
+busy, nothing that names a request) for the memory charts. Starting and stopping a run is for presenters:
+staff, or anyone while anonymous chat is allowed (the embedded default).
 """
-import asyncio
 import math
 from typing import Any
 
@@ -12,12 +12,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from playground.chat.protocol import decode_frame
-from playground.serving import registry
+from playground.dashboard import feed
 from playground.serving.params import InvalidInput
 
 from .runner import GROUP, RunSettings, runner
 
-SNAPSHOT_INTERVAL_S = 0.5
 CLOSE_LOGIN_REQUIRED = 4401
 MAX_RATE = 50.0
 
@@ -51,19 +50,17 @@ def may_present(user) -> bool:
 
 class DemoConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        self.snapshots: asyncio.Task | None = None
         if not may_watch(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.accept()
         await self.send_json({"type": "state", **runner.state()})
-        self.snapshots = asyncio.create_task(self.send_snapshots())
+        await feed.watch(self.channel_layer, self.channel_name, feed.SUMMARY_GROUP)
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(GROUP, self.channel_name)
-        if getattr(self, "snapshots", None) is not None:
-            self.snapshots.cancel()
+        for group in (GROUP, feed.SUMMARY_GROUP):
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -83,13 +80,6 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
     async def demo_event(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "event", **message["event"]})
 
-    async def send_snapshots(self) -> None:
-        """Worker figures for the charts, from the heartbeats (the shape of common/snapshot.js)."""
-        last_time: dict[str, float] = {}
-        while True:
-            for worker in await registry.alive_workers():
-                if worker.get("metrics") and worker["time"] != last_time.get(worker["name"]):
-                    last_time[worker["name"]] = worker["time"]
-                    await self.send_json({"type": "snapshot", "worker": worker["name"], "time": worker["time"],
-                                          "metrics": worker["metrics"]})  # fmt: skip
-            await asyncio.sleep(SNAPSHOT_INTERVAL_S)
+    async def kv_snapshot(self, event: dict[str, Any]) -> None:
+        """A worker's summary snapshot (shape: playground/dashboard/snapshot.py), for the charts."""
+        await self.send_json(event["snapshot"])

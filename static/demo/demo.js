@@ -3,7 +3,8 @@
  * the worker's KV figures and charts, and paged-vs-contiguous memory. Frames from the server:
  *   {"type": "state", "run", "users"}                 on connect: the run so far
  *   {"type": "event", "kind": "run"|"user"|"tokens", ...}  live changes (see playground/demo/runner.py)
- *   {"type": "snapshot", "worker", "time", "metrics"} worker figures, a few per second
+ *   {"type": "snapshot", "worker", "time", "metrics", "tokens_per_s", ...}  a worker's summary snapshot
+ *                                                     (playground/dashboard/snapshot.py), a few per second
  *   {"type": "error", "message"}
  * Model text is only ever set with textContent: it renders as text, never as HTML.
  */
@@ -82,12 +83,13 @@ function resetRun(state) {
   state.users.forEach(renderUser);
 }
 
-/** Paged memory actually held vs what a contiguous allocator would reserve: max_model_len per request. */
+/** Paged memory actually held vs what a contiguous allocator would reserve: max_model_len per running request
+ *  (the classic layout that cannot know how long a reply will get). */
 function renderBars(metrics) {
   const total = metrics.num_blocks_total || 1;
   const blockSize = metrics.block_size || 16;
   const paged = metrics.num_blocks_used ?? 0;
-  const running = (metrics.num_requests_running ?? 0) + (metrics.num_requests_waiting ?? 0);
+  const running = metrics.num_requests_running ?? 0;
   const contiguous = running * Math.ceil(config.max_model_len / blockSize);
   const scale = Math.max(total, contiguous, 1);
   $("bar-paged").style.width = `${(100 * paged) / scale}%`;
@@ -101,12 +103,12 @@ function onSnapshot(snapshot) {
   if (snapshot.worker !== watchedWorker) return;
   const values = chartValues(snapshot, previousSnapshot);
   previousSnapshot = snapshot;
-  charts ??= new KvCharts($("charts"), ["memory", "requests", "preemptions"], { height: 140 });
+  charts ??= new KvCharts($("charts"), ["memory", "requests", "throughput", "preemptions"], { height: 140 });
   charts.push(values);
   renderFigures($("figures"), values);
   const m = snapshot.metrics;
-  const extra = [["blocks_used", "Blocks used", m.num_blocks_used], ["blocks_cached", "Blocks cached", m.num_blocks_cached],
-                 ["preemptions", "Preemptions", m.num_preemptions_total]];
+  const extra = [["blocks_used", "Blocks used", m.num_blocks_used], ["blocks_shared", "Blocks shared", m.num_blocks_shared],
+                 ["blocks_cached", "Blocks cached", m.num_blocks_cached], ["preemptions", "Preemptions", m.num_preemptions_total]];
   for (const [name, label, value] of extra) {
     const item = document.createElement("div");
     item.dataset.figure = name;

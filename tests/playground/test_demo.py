@@ -5,11 +5,13 @@ import asyncio
 import contextlib
 
 import pytest
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from test_consumer import ORIGIN, worker
 
 from playground.asgi import application
+from playground.dashboard import feed
 from playground.demo.consumers import may_present, may_watch, parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
@@ -151,3 +153,17 @@ def test_bad_frames_get_an_error_and_the_socket_stays(monkeypatch):
     answers = asyncio.run(scenario())
     assert [a["type"] for a in answers] == ["error"] * 3
     assert "users" in answers[0]["message"] and "JSON" in answers[1]["message"]
+
+
+def test_watchers_get_the_workers_summary_snapshots():
+    async def scenario():
+        ws = await watch()
+        await ws.receive_json_from()  # state
+        snapshot = {"type": "snapshot", "worker": "w", "time": 1.0, "metrics": {"num_blocks_used": 3}}
+        await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": snapshot})
+        relayed = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return snapshot, relayed
+
+    snapshot, relayed = asyncio.run(scenario())
+    assert relayed == snapshot
