@@ -1,4 +1,5 @@
-"""Browser tests of the chat page (and its safety rules) against the real embedded playground.
+"""Browser tests of the chat page (and its safety rules) and the admin memory view against the real embedded
+playground.
 
 One `python manage.py playground` subprocess serves the whole module (daphne, in-process Celery worker, the
 real model on the CPU), driven through Debian's chromium by playwright. No browser is downloaded.
@@ -320,3 +321,57 @@ def test_narrow_screen_keeps_the_composer_and_opens_panels(server, browser):
         assert on_screen("#history-panel") and not on_screen("#settings-panel")
     finally:
         context.close()
+
+
+def test_memory_view_is_staff_only_and_follows_a_generation(server, browser, page):
+    base_url = server["base_url"]
+    anonymous = browser.new_context()
+    try:
+        stranger = anonymous.new_page()
+        stranger.goto(f"{base_url}/memory/")
+        assert stranger.url.startswith(f"{base_url}/accounts/login/")
+    finally:
+        anonymous.close()
+
+    login(page, base_url, "/memory/")
+    worker = page.locator(".worker").first
+    worker.wait_for(timeout=30_000)  # a new viewer gets every worker's snapshot at once, even an idle one
+    canvas = worker.locator("canvas.blockmap")
+    total = sum(int(canvas.get_attribute(f"data-{s}")) for s in ("free", "used", "shared", "cached"))
+    assert total == 256  # ENGINE_NUM_KV_BLOCKS of the test server
+    assert canvas.get_attribute("data-used") == "0"
+    points = int(worker.locator('.chart[data-chart="memory"]').get_attribute("data-points"))
+
+    chat = page.context.new_page()
+    chat.goto(base_url + "/")
+    chat.wait_for_selector('#conn[data-status="open"]')
+    set_param(chat, "temperature", "0")
+    set_param(chat, "max_tokens", "300")
+    chat.fill("#prompt", "Write a long poem about memory pages and the blocks that hold them.")
+    chat.keyboard.press("Enter")
+
+    # While it runs: its blocks are in use on the map, it is listed with its block table, the charts move.
+    row = worker.locator(".requests tbody tr").first
+    row.wait_for(timeout=120_000)
+    page.wait_for_function(
+        "(n) => document.querySelector('.worker .chart[data-chart=\"memory\"]').dataset.points > n + 1",
+        arg=points, timeout=60_000,
+    )  # fmt: skip
+    assert row.locator(".chip").count() >= 1
+    page.wait_for_function(  # the block map follows once the first engine step (the prefill) is done
+        "() => { const c = document.querySelector('.worker canvas.blockmap');"
+        " return Number(c.dataset.used) + Number(c.dataset.shared) > 0; }",
+        timeout=60_000,
+    )
+
+    # Abort from the memory view: the chat's reply ends as cancelled and the blocks are freed.
+    row.locator("button", has_text="Abort").click()
+    chat.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
+                           timeout=15_000)  # fmt: skip
+    assert chat.locator('.msg-assistant [data-stat="finish_reason"] .stat-value').inner_text() == "abort"
+    page.wait_for_function(
+        "() => { const c = document.querySelector('.worker canvas.blockmap');"
+        " return c.dataset.used === '0' && c.dataset.shared === '0'; }",
+        timeout=15_000,
+    )
+    assert worker.locator(".requests tbody tr").count() == 0
