@@ -26,8 +26,13 @@ async def demo_worker(monkeypatch, delay: float = 0.002):
     """test_consumer's fake worker; the demo never sends plain prompts, so its submit needs no `prompt`."""
     async with worker(monkeypatch, delay) as (engine, submitted):
         chat_submit = dispatch.submit
-        monkeypatch.setattr(dispatch, "submit", lambda rid, messages, params, preferred="", salt=None, prompt=None:
-                            chat_submit(rid, messages, params, preferred, salt))  # fmt: skip
+        engine.salts = []  # the cache salt of every request, in order
+
+        def submit(request_id, messages, params, preferred="", salt=None, prompt=None):
+            engine.salts.append(salt)
+            return chat_submit(request_id, messages, params, preferred, salt)
+
+        monkeypatch.setattr(dispatch, "submit", submit)
         try:
             yield engine
         finally:
@@ -167,3 +172,22 @@ def test_watchers_get_the_workers_summary_snapshots():
 
     snapshot, relayed = asyncio.run(scenario())
     assert relayed == snapshot
+
+
+@pytest.mark.parametrize("salted", [False, True])
+def test_the_cache_salt_switch_gives_each_simulated_user_their_own_salt(monkeypatch, salted):
+    async def scenario():
+        async with demo_worker(monkeypatch) as engine:
+            ws = await watch()
+            await ws.receive_json_from()
+            await ws.send_json_to({"type": "start", "users": 3, "rate": 50, "max_tokens": 2, "cache_salt": salted})
+            await events_until(ws, "finished")
+            await ws.disconnect()
+            return engine.salts
+
+    salts = asyncio.run(scenario())
+    assert len(salts) == 3
+    if salted:
+        assert None not in salts and len(set(salts)) == 3
+    else:
+        assert salts == [None] * 3
