@@ -247,4 +247,7 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaF
         put(mlp + "down_proj.weight", take(mlp + "down_proj.weight"))
         put(p + "input_layernorm.weight", take(p + "input_layernorm.weight"))
         put(p + "post_attention_layernorm.weight", take(p + "post_attention_layernorm.weight"))
+    leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]
+    if leftover:
+        raise ValueError(f"{folder}: weights this Llama-family loader does not use: {leftover[:5]}")
     return model.to(dtype).eval()
