@@ -7,7 +7,7 @@
  * The canvas carries `data-used`, `data-shared`, `data-cached` and `data-free` counts of what it shows.
  */
 
-import { requestColor } from "../common/colors.js";
+import { requestColor, shortId } from "./labels.js";
 
 const GAP = 2;
 
@@ -123,7 +123,7 @@ export class BlockMap {
       this.tooltip.hidden = true;
       return;
     }
-    const owners = block.owners.length ? block.owners.join(", ") : "none";
+    const owners = block.owners.length ? block.owners.map(shortId).join(", ") : "none";
     this.tooltip.textContent =
       `Block ${block.id} · ${block.state}\nref count ${block.refCount}\nowners: ${owners}`;
     this.tooltip.hidden = false;

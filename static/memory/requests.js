@@ -4,7 +4,7 @@
  * the request's blocks up in the block map, and each row has an abort button.
  */
 
-import { requestColor } from "../common/colors.js";
+import { requestColor, shortId } from "./labels.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -65,7 +65,9 @@ export class RequestTable {
     const name = el("td", "req-id");
     const swatch = el("span", "swatch");
     swatch.style.background = requestColor(request.request_id);
-    name.append(swatch, el("code", "", request.request_id));
+    const id = el("code", "", shortId(request.request_id));
+    id.title = request.request_id;
+    name.append(swatch, id);
     if (request.index) name.append(el("span", "muted", ` #${request.index}`));
 
     const maxBlocks = Math.ceil(request.max_len / blockSize);
@@ -77,6 +79,7 @@ export class RequestTable {
 
     const table = el("td", "req-table");
     const chips = el("div", "chips");
+    chips.style.setProperty("--request-color", requestColor(request.request_id));
     request.block_table.forEach((physical, logical) => {
       const chip = el("span", "chip");
       const shared = (blocks[physical]?.refCount ?? 0) > 1;
