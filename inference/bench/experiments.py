@@ -26,9 +26,27 @@ def prefix_caching(workload: Workload, config: RunConfig, progress: bool = False
     return {
         "on": fig_on,
         "off": fig_off,
+        "shared_prefix_tokens": _common_prefix_len([r.prompt_token_ids for r in workload.requests]),
         "prompt_tokens_computed_reduction": 1 - fig_on["prompt_tokens_computed"] / fig_off["prompt_tokens_computed"],
+        "ideal_reduction": _ideal_reduction(workload, config.block_size),
         "ttft_p50_speedup": fig_off["ttft_p50_s"] / fig_on["ttft_p50_s"],
     }
+
+
+def _common_prefix_len(prompts: list[list[int]]) -> int:
+    first = prompts[0]
+    for i, token in enumerate(first):
+        if any(i >= len(p) or p[i] != token for p in prompts[1:]):
+            return i
+    return len(first)
+
+
+def _ideal_reduction(workload: Workload, block_size: int) -> float:
+    """The best any block-level prefix cache can do here: every request after the first reuses the shared
+    prefix's full blocks (its last token is always computed), so the suffix share bounds the reduction."""
+    prompts = [r.prompt_token_ids for r in workload.requests]
+    reusable = min(_common_prefix_len(prompts), min(len(p) for p in prompts) - 1) // block_size * block_size
+    return reusable * (len(prompts) - 1) / sum(len(p) for p in prompts)
 
 
 def parallel_sharing(workload: Workload, config: RunConfig, progress: bool = False) -> dict[str, Any]:

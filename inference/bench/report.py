@@ -146,7 +146,11 @@ def text_report(result: dict[str, Any]) -> str:
     if "roofline" in result:
         parts.append(roofline_section(result["roofline"]))
     if "prefix_caching" in result:
-        parts.append(pair_section("prefix caching (shared-prefix workload)", result["prefix_caching"], "on", "off"))
+        prefix = result["prefix_caching"]
+        parts.append(pair_section("prefix caching (shared-prefix workload)", prefix, "on", "off")
+                     + f"\n\nshared prefix {prefix['shared_prefix_tokens']} tokens; prompt tokens computed "
+                       f"{prefix['prompt_tokens_computed_reduction']:.1%} fewer with caching, of an ideal "
+                       f"{prefix['ideal_reduction']:.1%} for this workload; TTFT p50 {prefix['ttft_p50_speedup']:.2f}x lower")
     if "parallel_sharing" in result:
         parts.append(pair_section("n=4 parallel sampling", result["parallel_sharing"], "shared", "unshared"))
     if "beam_sharing" in result:
