@@ -42,8 +42,8 @@ def _common_prefix_len(prompts: list[list[int]]) -> int:
 
 
 def _ideal_reduction(workload: Workload, block_size: int) -> float:
-    """The best any block-level prefix cache can do here: every request after the first reuses the shared
-    prefix's full blocks (its last token is always computed), so the suffix share bounds the reduction."""
+    """What reusing the shared system prompt alone can save: every request after the first reuses the common
+    prefix's full blocks (a prompt's last token is always computed), so the suffixes' share bounds it."""
     prompts = [r.prompt_token_ids for r in workload.requests]
     reusable = min(_common_prefix_len(prompts), min(len(p) for p in prompts) - 1) // block_size * block_size
     return reusable * (len(prompts) - 1) / sum(len(p) for p in prompts)
