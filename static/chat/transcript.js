@@ -144,7 +144,10 @@ export class ReplyView {
       );
     }
     if (timing) {
-      items.push(stat("ttft", "TTFT", formatMs(timing.ttft_ms)), stat("tokens_per_s", "", formatRate(timing.tokens_per_s)));
+      items.push(
+        stat("ttft", "TTFT", formatMs(timing.ttft_ms)),
+        stat("tokens_per_s", "", formatRate(timing.tokens_per_s)),
+      );
     }
     if (finishReasons.length === 1 && finishReasons[0]) {
       items.push(stat("finish_reason", "finish", finishReasons[0]));

@@ -113,7 +113,8 @@ export function renderMarkdown(text) {
     if (fence) {
       const body = [];
       i += 1;
-      while (i < lines.length && !(lines[i].trim().startsWith(fence[1]) && lines[i].trim().replace(/`|~/g, "") === "")) {
+      const closes = (line) => line.trim().startsWith(fence[1]) && line.trim().replace(/`|~/g, "") === "";
+      while (i < lines.length && !closes(lines[i])) {
         body.push(lines[i]);
         i += 1;
       }

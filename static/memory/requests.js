@@ -84,8 +84,13 @@ export class RequestTable {
       const chip = el("span", "chip");
       const shared = (blocks[physical]?.refCount ?? 0) > 1;
       chip.classList.toggle("shared", shared);
-      chip.title = `logical ${logical} → physical ${physical}${shared ? ` (shared, ref ${blocks[physical].refCount})` : ""}`;
-      chip.append(el("span", "chip-l", String(logical)), el("span", "chip-arrow", "→"), el("span", "chip-p", String(physical)));
+      const sharing = shared ? ` (shared, ref ${blocks[physical].refCount})` : "";
+      chip.title = `logical ${logical} → physical ${physical}${sharing}`;
+      chip.append(
+        el("span", "chip-l", String(logical)),
+        el("span", "chip-arrow", "→"),
+        el("span", "chip-p", String(physical)),
+      );
       chips.append(chip);
     });
     table.append(chips);
