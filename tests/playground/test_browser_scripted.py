@@ -1,9 +1,11 @@
-"""Browser tests of the KV views (admin memory view, chat page panel) against scripted worker snapshots.
+"""Browser tests of the pages' own logic against scripted server frames: the KV views (admin memory view,
+chat page panel) fed with worker snapshots, and the chat stream's protocol rules.
 
 The real templates and static files are served by a tiny HTTP server; inside the page, `WebSocket` is
-replaced by a test double (installed by the test, never shipped) that delivers the snapshots the test
-writes and records the frames the page sends. This checks the snapshot → picture mapping exactly: block
-states and counts, tooltips, block tables, actions, charts, figures and the contiguous-vs-paged bars.
+replaced by a test double (installed by the test, never shipped) that delivers the frames the test writes
+and records the frames the page sends. This checks exactly what a live server cannot stage on demand: block
+states and counts, tooltips, block tables, actions, charts, figures, the contiguous-vs-paged bars, a lost
+token frame, a cancel before `started`, a refused generate.
 """
 from __future__ import annotations
 
@@ -305,3 +307,75 @@ def test_chat_panel_charts_the_watched_worker_and_switches_between_workers(open_
     deliver(page, summary(snapshot("w2", 1001.0, {"gamma": [3, 4]}, [], 20.0)), "/ws/kv/")
     assert figures.locator('[data-figure="tokens_per_s"] dd').inner_text() == "20.0"
     assert set(charts.evaluate_all("els => els.map(e => e.dataset.points)")) == {"1"}
+
+
+def send_prompt(page, text: str) -> dict:
+    """Type a prompt, press Enter and return the generate frame the page sent."""
+    page.fill("#prompt", text)
+    page.keyboard.press("Enter")
+    return page.evaluate("window.__sent").pop()
+
+
+def chat_frame(page, frame: dict) -> None:
+    deliver(page, frame, "/ws/chat/")
+
+
+def test_chat_stream_flags_a_lost_delta_and_done_replaces_the_text(open_page):
+    page = open_page("/")
+    generate = send_prompt(page, "Hi")
+    assert generate["type"] == "generate" and generate["conversation_id"] is None
+    assert generate["messages"] == [{"role": "user", "content": "Hi"}]
+    assert generate["params"]["temperature"] == 0.7 and generate["params"]["max_tokens"] == 256
+    assert "seed" not in generate["params"] and "stop" not in generate["params"]  # unset fields are left out
+
+    chat_frame(page, {"type": "started", "request_id": "r1", "conversation_id": "c1"})
+    for seq, text in [(0, "Hel"), (1, "lo"), (1, "lo"), (3, " world")]:  # a repeat of seq 1; seq 2 is lost
+        chat_frame(page, {"type": "token", "request_id": "r1", "index": 0, "seq": seq, "text": text})
+    chat_frame(page, {"type": "token", "request_id": "other", "index": 0, "seq": 0, "text": "NOT OURS"})
+    body = page.locator(".msg-assistant .msg-body")
+    page.wait_for_function("() => document.querySelector('.msg-assistant .msg-body').innerText === 'Hello world'")
+    assert page.url.endswith("/c/c1/")
+
+    chat_frame(page, {
+        "type": "done", "request_id": "r1", "conversation_id": "c1", "worker": "w1",
+        "outputs": [{"index": 0, "text": "Hello, world", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 4, "cached_tokens": 0},
+        "timing": {"ttft_ms": 1234.5, "tokens_per_s": 12.25},
+    })  # fmt: skip
+    assert body.inner_text() == "Hello, world"
+    reply = page.locator(".msg-assistant")
+    assert reply.get_attribute("data-state") == "done"
+    assert "1 streamed update(s) were lost" in reply.locator(".reply-notice").inner_text()
+    stats = reply.locator(".stat-value").all_inner_texts()
+    assert stats == ["5", "4", "0", "1.23 s", "12.3 tok/s", "stop"]
+
+    # The next turn carries the final text, not the streamed one, and names the conversation.
+    follow_up = send_prompt(page, "And?")
+    assert follow_up["conversation_id"] == "c1"
+    assert follow_up["messages"] == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello, world"},
+        {"role": "user", "content": "And?"},
+    ]
+
+
+def test_chat_stop_before_started_cancels_and_a_refused_generate_fails_its_reply(open_page):
+    page = open_page("/")
+    send_prompt(page, "First")
+    page.click("#stop")  # before the server has named the request
+    chat_frame(page, {"type": "started", "request_id": "r1", "conversation_id": "c1"})
+    assert page.evaluate("window.__sent").pop() == {"type": "cancel", "request_id": "r1"}
+    chat_frame(page, {"type": "done", "request_id": "r1", "conversation_id": "c1",
+                      "outputs": [{"index": 0, "text": "Fi", "finish_reason": "abort"}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0},
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 1.0}})  # fmt: skip
+    reply = page.locator(".msg-assistant").last
+    assert reply.locator('[data-stat="finish_reason"] .stat-value').inner_text() == "abort"
+    assert page.locator("#send").is_visible()
+
+    send_prompt(page, "Second")
+    chat_frame(page, {"type": "error", "message": "params.temperature must be a number >= 0"})
+    reply = page.locator(".msg-assistant").last
+    assert reply.get_attribute("data-state") == "error"
+    assert reply.locator(".reply-notice").inner_text() == "params.temperature must be a number >= 0"
+    assert page.locator("#send").is_visible() and page.locator(".msg-assistant .regenerate").last.is_visible()
