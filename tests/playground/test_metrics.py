@@ -3,12 +3,18 @@
 The real engine's figures are checked against `/metrics` in test_dashboard_engine.py; here the heartbeats
 are written by hand to check the exposition itself: parsing, labels, counters, histograms, several workers.
 """
+import json
+import re
+from pathlib import Path
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from playground.dashboard.prometheus import COUNTERS, GAUGES, HISTOGRAMS
 from playground.dashboard.stats import LatencyStats
 from playground.serving import registry
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Times:
@@ -94,3 +100,16 @@ def test_a_dead_worker_drops_out_and_no_worker_means_empty_families(client):
 
 def test_metrics_is_plain_get(client):
     assert client.post("/metrics").status_code == 405
+
+
+def test_grafana_dashboard_queries_only_metrics_that_metrics_exposes():
+    """docs/grafana-dashboard.json must not chart a name /metrics never serves (a typo shows an empty panel)."""
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    exposed = {name for name, _, _ in GAUGES + HISTOGRAMS} | {name + "_total" for name, _, _ in COUNTERS}
+    exposed |= {name + "_bucket" for name, _, _ in HISTOGRAMS}
+    queried = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            queried |= set(re.findall(r"\b((?:vllm|playground):[a-z0-9_]+)", target["expr"]))
+    assert queried and queried <= exposed, queried - exposed
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "model_name", "worker"}
