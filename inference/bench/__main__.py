@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -99,10 +100,12 @@ def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: An
 
 
 class Stages:
-    """Wall seconds per benchmark stage (model loading included), so a run can be sized and explained."""
+    """Wall seconds per benchmark stage (model loading included) and the machine's load average when it
+    ended: on a shared machine, a ratio between two stages is only as fair as their loads were equal."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.load: dict[str, float] = {}
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:
@@ -111,7 +114,9 @@ class Stages:
             yield
         finally:
             self.seconds[name] = time.perf_counter() - start
-            print(f"[bench] {name}: {self.seconds[name]:.0f} s", file=sys.stderr, flush=True)
+            self.load[name] = os.getloadavg()[1]  # 5-minute average
+            print(f"[bench] {name}: {self.seconds[name]:.0f} s, load {self.load[name]:.1f}", file=sys.stderr,
+                  flush=True)
 
 
 def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], progress: bool,
@@ -173,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(run_experiments(args, mode, config, tokenizer, progress, stages))
     result["targets"] = [t.__dict__ for t in report.targets(result)]
     result["stage_s"] = stages.seconds
+    result["stage_load_avg_5min"] = stages.load
     result["elapsed_s"] = time.time() - began
     if args.plot:
         result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
