@@ -1,9 +1,9 @@
 """Turn one logits row per sequence into one token per sequence, vectorised over the batch.
 
 Order of operations (as in vLLM): penalties on the raw logits, then temperature, then top-k, top-p and
-min-p filtering, then sampling. Greedy rows take the argmax of the penalised logits. Random rows draw
-with the exponential-race trick (argmax of probs / Exp(1) noise), which lets each seeded sequence use
-its own `torch.Generator` for its noise row, so its tokens do not depend on what else is in the batch.
+min-p filtering, then sampling. Greedy rows take the argmax of the penalised logits. Random rows draw by
+inverse CDF from one uniform number per row; a seeded sequence takes its number from its own
+`torch.Generator`, so its tokens do not depend on what else is in the batch.
 Log-probabilities, when asked for, come from the raw logits, before any of the processing.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
 
 
@@ -55,25 +56,69 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     return logits
 
 
-def _filter(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Apply top-k, top-p and min-p to temperature-scaled logits by masking with -inf."""
+# Filters are applied on each row's CANDIDATES most likely tokens when that provably holds the whole
+# filtered support (a top-k within it, a top-p nucleus or min-p cut reached inside it); otherwise on the
+# full vocabulary. Either way the result is exact; the candidate path avoids sorting 49k logits per row.
+CANDIDATES = 256
+
+
+def _filter_mask(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Which entries of descending-sorted `probs` [rows, k] survive top-k, top-p and min-p."""
+    device = probs.device
+    ranks = torch.arange(probs.shape[1], device=device).unsqueeze(0)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[1] for p in params], device=device)
+    keep = ranks < top_k.unsqueeze(1)
+    # top-p: keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    keep &= (probs.cumsum(-1) - probs) < _column([p.top_p for p in params], device)
+    keep &= probs >= _column([p.min_p for p in params], device) * probs[:, :1]
+    return keep
+
+
+def _candidates_suffice(top_probs: torch.Tensor, params: list[SamplingParams]) -> list[bool]:
+    """Per row: does the candidate set hold every token the filters could keep?"""
+    k = top_probs.shape[1]
+    mass = top_probs.sum(-1).tolist()
+    smallest, largest = top_probs[:, -1].tolist(), top_probs[:, 0].tolist()
+    return [
+        0 < p.top_k <= k or (p.top_p < 1 and mass[r] >= p.top_p) or (p.min_p > 0 and smallest[r] < p.min_p * largest[r])
+        for r, p in enumerate(params)
+    ]
+
+
+def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: one index per row of non-negative `weights`, from one uniform per row."""
+    cdf = weights.cumsum(-1)
+    targets = uniforms.unsqueeze(1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=weights.shape[1] - 1)
+
+
+def _uniforms(seqs: list[Sequence], device: torch.device) -> torch.Tensor:
+    """One uniform per row: from the sequence's own generator when it has a seed, else the global one."""
+    values = torch.rand(len(seqs))
+    for r, seq in enumerate(seqs):
+        if seq.generator is not None:
+            values[r] = torch.rand(1, generator=seq.generator)[0]
+    return values.to(device)
+
+
+def _sample_random(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     params = [s.request.params for s in seqs]
-    vocab = logits.shape[1]
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=logits.device)
-    top_p = _column([p.top_p for p in params], logits.device)
-    if (top_k < vocab).any() or (top_p < 1).any():
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-        drop = ranks >= top_k.unsqueeze(1)
-        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop |= (probs.cumsum(-1) - probs) >= top_p
-        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    min_p = _column([p.min_p for p in params], logits.device)
-    if (min_p > 0).any():
-        probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(-1, keepdim=True).values, float("-inf"))
-    return logits
+    probs = (logits / _column([p.temperature for p in params], logits.device)).softmax(-1)
+    top_probs, top_ids = probs.topk(min(CANDIDATES, probs.shape[1]), dim=-1)
+    uniforms = _uniforms(seqs, logits.device)
+    weights = top_probs * _filter_mask(top_probs, params)
+    tokens = top_ids.gather(1, _draw(weights, uniforms).unsqueeze(1)).squeeze(1)
+    full_rows = [r for r, ok in enumerate(_candidates_suffice(top_probs, params)) if not ok]
+    if full_rows:
+        index = torch.tensor(full_rows, device=logits.device)
+        row_params = [params[r] for r in full_rows]
+        if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in row_params):
+            sorted_probs, order = probs[index].sort(dim=-1, descending=True)
+            picked = _draw(sorted_probs * _filter_mask(sorted_probs, row_params), uniforms[index])
+            tokens[index] = order.gather(1, picked.unsqueeze(1)).squeeze(1)
+        else:
+            tokens[index] = _draw(probs[index], uniforms[index])
+    return tokens
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
@@ -82,19 +127,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = logits.log_softmax(-1)
-    logits = _apply_penalties(logits.clone(), seqs)
+    if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params):
+        logits = _apply_penalties(logits.clone(), seqs)
     token_ids = logits.argmax(-1)
 
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)
-        scaled = logits[index] / _column([params[i].temperature for i in random_rows], logits.device)
-        probs = _filter(scaled, [seqs[i] for i in random_rows]).softmax(-1)
-        noise = torch.empty_like(probs).exponential_()
-        for r, i in enumerate(random_rows):
-            if seqs[i].generator is not None:
-                noise[r] = torch.empty(probs.shape[1]).exponential_(generator=seqs[i].generator).to(probs.device)
-        token_ids[index] = (probs / noise).argmax(-1)
+        token_ids[index] = _sample_random(logits[index], [seqs[i] for i in random_rows])
 
     ids = token_ids.tolist()
     logprob_dicts: list[dict[int, float] | None] = [None] * len(seqs)

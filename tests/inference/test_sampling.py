@@ -2,10 +2,11 @@
 
 import math
 
+import pytest
 import torch
 
 from inference import SamplingParams
-from inference.sampler import _apply_penalties
+from inference.sampler import _apply_penalties, _sample_random
 from inference.sequence import Request
 from tests.inference.conftest import get_llm
 
@@ -15,12 +16,13 @@ OTHERS = ["Tell me a joke.", "List three colours:", "What is 2 + 2?"]
 
 def test_seeded_sample_is_reproducible_regardless_of_batch_company():
     llm = get_llm()
-    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16, ignore_eos=True)
     alone = llm.generate(PROMPT, params)[0].outputs[0].token_ids
-    crowd_params = [SamplingParams(temperature=1.0, max_tokens=16)] * 3 + [params]
+    crowd_params = [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)] * 3 + [params]
     in_crowd = llm.generate(OTHERS + [PROMPT], crowd_params)[3].outputs[0].token_ids
     assert alone == in_crowd
-    other_seed = llm.generate(PROMPT, SamplingParams(temperature=1.0, top_p=0.95, seed=99, max_tokens=16))
+    other_seed = llm.generate(PROMPT, SamplingParams(temperature=1.0, top_p=0.95, seed=99, max_tokens=16,
+                                                     ignore_eos=True))
     assert other_seed[0].outputs[0].token_ids != alone
 
 
@@ -125,3 +127,40 @@ def test_min_p_and_top_p_filters_keep_the_most_likely_token():
     for params in (SamplingParams(temperature=1.0, top_p=1e-6, seed=5, max_tokens=8),
                    SamplingParams(temperature=1.0, min_p=1.0, seed=5, max_tokens=8)):
         assert llm.generate(PROMPT, params)[0].outputs[0].token_ids == greedy
+
+
+def _rows(n, **params):
+    request = Request("r", None, [0], SamplingParams(**params), eos_token_id=None)
+    return [request.seqs[0]] * n
+
+
+def _reference_filtered(probs, top_k=0, top_p=1.0, min_p=0.0):
+    """Brute force: sort the whole vocabulary, apply the three filters, renormalise."""
+    sorted_probs, order = probs.sort(descending=True)
+    ranks = torch.arange(len(probs))
+    keep = (ranks < (top_k or len(probs))) & ((sorted_probs.cumsum(0) - sorted_probs) < top_p)
+    keep &= sorted_probs >= min_p * sorted_probs[0]
+    out = torch.zeros_like(probs)
+    out[order[keep]] = sorted_probs[keep]
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("params", [{}, {"top_k": 2}, {"top_p": 0.7}, {"min_p": 0.4}],
+                         ids=["plain", "top_k", "top_p", "min_p"])
+@pytest.mark.parametrize("vocab", [6, 1000], ids=["small-vocab", "flat-tail"])
+def test_random_sampling_follows_the_filtered_distribution(params, vocab):
+    """Frequencies over 20000 draws match the brute-force filtered distribution. With a flat tail holding
+    half the mass, plain sampling and top_p=0.7 must leave the 256-candidate shortcut for the full path."""
+    probs = torch.zeros(vocab)
+    probs[:6] = torch.tensor([0.4, 0.3, 0.2, 0.05, 0.03, 0.02])
+    if vocab > 6:
+        probs[:6] *= 0.5
+        probs[6:] = 0.5 / (vocab - 6)
+    torch.manual_seed(0)
+    rows = 20000
+    logits = probs.log().expand(rows, vocab)
+    tokens = _sample_random(logits, _rows(rows, temperature=1.0, **params))
+    counts = torch.bincount(tokens, minlength=vocab).float() / rows
+    want = _reference_filtered(probs, **params)
+    assert set(tokens.unique().tolist()) <= set(want.nonzero().flatten().tolist())
+    assert torch.allclose(counts, want, atol=0.015)
