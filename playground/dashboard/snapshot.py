@@ -53,8 +53,8 @@ def max_len(seq: Any, max_model_len: int) -> int:
 
 def request_tables(sequences: Iterable[Any], max_model_len: int) -> list[dict[str, Any]]:
     """One entry per running sequence (`inference.sequence.Sequence`; read: request_id, index, block_table,
-    num_computed_tokens, num_prompt_tokens, request.params.max_tokens): block table (logical i → physical)
-    and lengths."""
+    num_computed_tokens, num_prompt_tokens, request.arrival_time, request.params.max_tokens): block table
+    (logical i → physical) and lengths, oldest request first with its samples together."""
     return [
         {
             "request_id": seq.request_id,
@@ -63,7 +63,7 @@ def request_tables(sequences: Iterable[Any], max_model_len: int) -> list[dict[st
             "context_len": seq.num_computed_tokens,
             "max_len": max_len(seq, max_model_len),
         }
-        for seq in sequences
+        for seq in sorted(sequences, key=lambda s: (s.request.arrival_time, s.request_id, s.index))
     ]
 
 

@@ -24,9 +24,11 @@ def block(state: str, ref_count: int = 0, owners=()) -> dict:
     return {"state": state, "ref_count": ref_count, "owners": list(owners)}
 
 
-def sequence(request_id: str, index: int, table: list[int], computed: int, prompt: int, max_tokens) -> SimpleNamespace:
+def sequence(request_id: str, index: int, table: list[int], computed: int, prompt: int, max_tokens,
+             arrival: float = 0.0) -> SimpleNamespace:
+    request = SimpleNamespace(arrival_time=arrival, params=SimpleNamespace(max_tokens=max_tokens))
     return SimpleNamespace(request_id=request_id, index=index, block_table=table, num_computed_tokens=computed,
-                           num_prompt_tokens=prompt, request=SimpleNamespace(params=SimpleNamespace(max_tokens=max_tokens)))  # fmt: skip
+                           num_prompt_tokens=prompt, request=request)  # fmt: skip
 
 
 # Request "a" (n=2) shares blocks 0 and 1 (its prompt) between its samples; block 3 is cached, 4 free.
@@ -58,6 +60,13 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         "contiguous_reserved_blocks": 2 * 9,  # two samples, each ceil(135 / 16) blocks reserved up front
     }
     assert set(snapshot.summary(snap)) == {"type", "worker", "time", "metrics", "tokens_per_s", "latency"}
+
+
+def test_block_tables_list_requests_oldest_first_with_their_samples_together():
+    running = [sequence("new", 0, [4], 3, 3, 5, arrival=2.0), sequence("old", 1, [2], 3, 3, 5, arrival=1.0),
+               sequence("new", 1, [5], 3, 3, 5, arrival=2.0), sequence("old", 0, [1], 3, 3, 5, arrival=1.0)]  # fmt: skip
+    tables = snapshot.request_tables(running, 512)
+    assert [(t["request_id"], t["index"]) for t in tables] == [("old", 0), ("old", 1), ("new", 0), ("new", 1)]
 
 
 def test_max_len_is_capped_by_the_model_and_defaults_to_it():

@@ -1,0 +1,113 @@
+"""The admin memory view live against the real embedded playground (daphne, in-process worker, the real
+model on the CPU), in Debian's chromium: a staff user watches while a generation runs over the chat socket.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from live_stack import REPO, EmbeddedServer
+from websockets.sync.client import connect
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
+STAFF = {"username": "ada", "password": "analytical-engine-1843"}
+SYSTEM = "You are a patient tutor. Explain every idea with a short example and keep a friendly tone throughout."
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`manage.py playground` with a staff user, once its worker is ready."""
+    workdir = tmp_path_factory.mktemp("memory-live")
+    embedded = EmbeddedServer(workdir)
+    try:
+        embedded.wait_url()
+        embedded.wait_ready()
+        env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+        env.update(PLAYGROUND_VAR_DIR=str(workdir), DJANGO_SUPERUSER_PASSWORD=STAFF["password"])
+        subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", STAFF["username"],
+                        "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)  # fmt: skip
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def staff_page(browser, server):
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{server.base_url}/accounts/login/?next=/memory/")
+    page.fill('input[name="username"]', STAFF["username"])
+    page.fill('input[name="password"]', STAFF["password"])
+    page.locator('form button[type="submit"], form input[type="submit"]').first.click()
+    page.wait_for_url("**/memory/")
+    yield page
+    context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def chat(server: EmbeddedServer, params: dict, result: list) -> None:
+    """One generation over the chat socket, to its end; appends the `done` (or error) frame to `result`."""
+    with connect(server.ws_url, origin=server.base_url, proxy=None) as ws:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Explain recursion."}]
+        ws.send(json.dumps({"type": "generate", "messages": messages, "params": params}))
+        while (frame := json.loads(ws.recv(timeout=300)))["type"] not in ("done", "error"):
+            pass
+        result.append(frame)
+
+
+def points(card) -> list[int]:
+    return [int(p) for p in card.locator(".chart").evaluate_all("els => els.map(e => e.dataset.points || '0')")]
+
+
+def test_admin_view_charts_and_block_map_follow_a_running_generation(staff_page, server, tmp_path):
+    page = staff_page
+    card = page.locator(".worker").first
+    card.wait_for()  # the idle worker answers the page's connect with one snapshot
+    canvas = card.locator("canvas.blockmap")
+    assert canvas.get_attribute("data-used") == "0" and canvas.get_attribute("data-shared") == "0"
+    start = points(card)
+
+    result: list[dict] = []
+    thread = threading.Thread(target=chat, args=(server, {"n": 2, "temperature": 0.8, "seed": 3, "max_tokens": 24},
+                                                 result))  # fmt: skip
+    thread.start()
+    try:
+        # Both samples hold the prompt's blocks: shared cells appear, and the request shows its block tables.
+        page.wait_for_function("c => Number(c.dataset.shared) > 0", arg=canvas.element_handle(), timeout=120_000)
+        assert card.locator(".requests tbody tr").count() == 2
+        page.wait_for_function(
+            "([c, n]) => [...c.querySelectorAll('.chart')].every((e) => Number(e.dataset.points) >= n)",
+            arg=[card.element_handle(), max(start) + 3], timeout=120_000,
+        )  # fmt: skip
+    finally:
+        thread.join(300)
+    assert result and result[0]["type"] == "done", result
+    # Finished: nothing is used any more, and the prompt's full blocks stay cached for the next turn.
+    page.wait_for_function("c => c.dataset.used === '0' && c.dataset.shared === '0' && Number(c.dataset.cached) > 0",
+                           arg=canvas.element_handle(), timeout=30_000)  # fmt: skip
+    assert card.locator(".requests tbody tr").count() == 0
+    page.screenshot(path=str(tmp_path / "admin-view.png"), full_page=True)
