@@ -2,10 +2,11 @@
 
 `/ws/kv/` (KvSummaryConsumer, whoever may chat) relays snapshot summaries: figures only, nothing that names
 a request. `/ws/memory/` (MemoryConsumer, staff only) relays every worker's full snapshots (group `kv`, see
-feed.py) and carries the page's actions back to the workers: `{"type": "abort", "worker", "request_id"}` goes out as the serving control
-group's ordinary abort (the worker running the request aborts it; the chat socket that started it gets its
-`done` with finish_reason "abort"), `{"type": "reset_prefix_cache", "worker"}` goes to that worker only.
-Each action is answered with `{"type": "ack", "message"}` or `{"type": "error", "message"}`.
+feed.py) and carries the page's actions back to the workers: `{"type": "abort", "worker", "request_id"}`
+goes out as the serving control group's ordinary abort (the worker running the request aborts it; the chat
+socket that started it gets its `done` with finish_reason "abort"), `{"type": "reset_prefix_cache",
+"worker"}` goes to that worker only. Each action is answered with `{"type": "ack", "message"}` or
+`{"type": "error", "message"}`.
 """
 import json
 from typing import Any

@@ -54,18 +54,29 @@ def browser():
 
 
 @pytest.fixture
-def staff_page(browser, server):
-    context = browser.new_context(viewport={"width": 1500, "height": 1100})
-    page = context.new_page()
+def open_page(browser, server):
+    """open_page(path, staff=False) -> a page of the server at `path`, logged in as staff when asked."""
+    contexts = []
     errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(f"{server.base_url}/accounts/login/?next=/memory/")
-    page.fill('input[name="username"]', STAFF["username"])
-    page.fill('input[name="password"]', STAFF["password"])
-    page.locator('form button[type="submit"], form input[type="submit"]').first.click()
-    page.wait_for_url("**/memory/")
-    yield page
-    context.close()
+
+    def open_(path: str, staff: bool = False):
+        context = browser.new_context(viewport={"width": 1500, "height": 1100})
+        contexts.append(context)
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        if staff:
+            page.goto(f"{server.base_url}/accounts/login/?next={path}")
+            page.fill('input[name="username"]', STAFF["username"])
+            page.fill('input[name="password"]', STAFF["password"])
+            page.locator('form button[type="submit"]').click()
+            page.wait_for_url(f"**{path}")
+        else:
+            page.goto(server.base_url + path)
+        return page
+
+    yield open_
+    for context in contexts:
+        context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
 
 
@@ -83,8 +94,8 @@ def points(card) -> list[int]:
     return [int(p) for p in card.locator(".chart").evaluate_all("els => els.map(e => e.dataset.points || '0')")]
 
 
-def test_admin_view_charts_and_block_map_follow_a_running_generation(staff_page, server, tmp_path):
-    page = staff_page
+def test_admin_view_charts_and_block_map_follow_a_running_generation(open_page, server, tmp_path):
+    page = open_page("/memory/", staff=True)
     card = page.locator(".worker").first
     card.wait_for()  # the idle worker answers the page's connect with one snapshot
     canvas = card.locator("canvas.blockmap")
@@ -111,3 +122,11 @@ def test_admin_view_charts_and_block_map_follow_a_running_generation(staff_page,
                            arg=canvas.element_handle(), timeout=30_000)  # fmt: skip
     assert card.locator(".requests tbody tr").count() == 0
     page.screenshot(path=str(tmp_path / "admin-view.png"), full_page=True)
+
+
+def test_chat_page_panel_shows_the_workers_figures(open_page):
+    page = open_page("/")  # anonymous chat is on in the one-process mode
+    page.locator("#kv-idle").wait_for(state="hidden")  # the idle worker answers the feed's connect
+    assert page.locator("#kv-worker").inner_text().startswith("embedded@")
+    assert page.locator('#kv-figures [data-figure="kv_usage"] dd').inner_text().endswith("%")
+    assert page.locator('#kv-figures [data-figure="requests"] dd').inner_text() == "0 / 0"

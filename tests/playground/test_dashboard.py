@@ -64,7 +64,7 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
 
 def test_block_tables_list_requests_oldest_first_with_their_samples_together():
     running = [sequence("new", 0, [4], 3, 3, 5, arrival=2.0), sequence("old", 1, [2], 3, 3, 5, arrival=1.0),
-               sequence("new", 1, [5], 3, 3, 5, arrival=2.0), sequence("old", 0, [1], 3, 3, 5, arrival=1.0)]  # fmt: skip
+               sequence("new", 1, [5], 3, 3, 5, arrival=2.0), sequence("old", 0, [1], 3, 3, 5, arrival=1.0)]
     tables = snapshot.request_tables(running, 512)
     assert [(t["request_id"], t["index"]) for t in tables] == [("old", 0), ("old", 1), ("new", 0), ("new", 1)]
 
