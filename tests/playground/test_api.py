@@ -152,3 +152,13 @@ def test_websocket_from_a_foreign_origin_is_refused(server, path):
     assert refused.value.response.status_code == 403
     with connect(url, origin=server.base_url, proxy=None, open_timeout=10):  # the page's own origin is let in
         pass
+
+
+def test_closing_a_stream_aborts_the_generation_and_frees_its_blocks(client, server):
+    stream = client.completions.create(model=MODEL, prompt="Count from one to one thousand:", temperature=0,
+                                       max_tokens=1000, stream=True)  # fmt: skip
+    first = next(iter(stream))
+    assert first.choices[0].finish_reason is None
+    stream.close()
+    metrics = server.wait_idle(timeout=5)  # 1000 tokens take far longer on a CPU: it was aborted
+    assert metrics["num_blocks_free"] + metrics["num_blocks_cached"] == metrics["num_blocks_total"]
