@@ -5,7 +5,6 @@ A request is authenticated (API key), validated (`schema`), admitted under the u
 socket (`serving.client`). The first worker event is awaited before answering, so a request the engine
 refuses (prompt too long for the model...) gets a proper 400 even when streaming was asked for.
 """
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,9 +20,7 @@ from playground.serving.client import GenerationFailed, Job, generate
 from .auth import authenticate
 from .errors import ApiError
 from .responses import Shape, sse
-from .schema import ApiRequest, parse_body, parse_chat, parse_completion
-
-logger = logging.getLogger(__name__)
+from .schema import parse_body, parse_chat, parse_completion
 
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "server_error": 500}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -102,7 +99,8 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         quota = await sync_to_async(limits.quota_for, thread_sensitive=False)(key.user)
         admission = await sync_to_async(limits.admit, thread_sensitive=False)(who, quota)
     except limits.LimitExceeded as exc:
-        return ApiError(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)}).response()
+        headers = {"Retry-After": str(exc.retry_after)}
+        return ApiError(429, str(exc), code="rate_limit_exceeded", headers=headers).response()
     except ApiError as exc:
         return exc.response()
 

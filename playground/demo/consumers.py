@@ -30,7 +30,8 @@ def parse_start(frame: dict[str, Any]) -> RunSettings:
     max_users = settings.PLAYGROUND_DEMO_MAX_USERS
     if isinstance(users, bool) or not isinstance(users, int) or not 1 <= users <= max_users:
         raise InvalidInput(f"users must be an integer between 1 and {max_users}")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or not 0 < rate <= MAX_RATE:
+    numeric = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+    if not (numeric and math.isfinite(rate) and 0 < rate <= MAX_RATE):
         raise InvalidInput(f"rate must be a number of arrivals per second in (0, {MAX_RATE}]")
     cap = settings.PLAYGROUND_LIMITS["max_tokens"]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= cap:

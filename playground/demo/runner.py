@@ -128,7 +128,8 @@ class DemoRunner:
                 else:
                     output = event["outputs"][0]
                     user.state, user.text = "done", output["text"]
-                    user.usage, user.timing, user.finish_reason = event["usage"], event["timing"], output["finish_reason"]
+                    user.usage, user.timing = event["usage"], event["timing"]
+                    user.finish_reason = output["finish_reason"]
                     await self._broadcast({"kind": "user", "user": asdict(user)})
         except GenerationFailed as exc:
             user.state, user.error = "error", str(exc)

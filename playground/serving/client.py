@@ -60,7 +60,8 @@ async def generate(job: Job) -> AsyncIterator[dict[str, Any]]:
                 job.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt
             )
         except Exception as exc:
-            raise GenerationFailed("could not queue the request: the task broker is unavailable", "unavailable") from exc
+            message = "could not queue the request: the task broker is unavailable"
+            raise GenerationFailed(message, "unavailable") from exc
         pending = liveness.Pending(queue)
         while True:
             receiving = receiving or asyncio.ensure_future(layer.receive(channel))

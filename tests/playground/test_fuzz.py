@@ -2,7 +2,6 @@
 no 500s, every answer well-formed, the chat socket survives everything, and afterwards no request is stuck
 and no KV block is still held. Bounded: few examples, tiny generations (server caps max_tokens at 8)."""
 import json
-import uuid
 
 import pytest
 from api_server import MODEL, start
