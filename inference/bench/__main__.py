@@ -10,9 +10,9 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, help="default 2048 (quick 512)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--out", type=Path, metavar="JSON",
+                   help="also write the result object here, after every stage (a crash keeps what finished)")
+    p.add_argument("--chat-max-output", type=int, help="longest chat output (default 128, the issue's upper "
+                   "bound is 256: costly on 2 shared cores)")
     p.add_argument("--report", type=Path, metavar="JSON",
                    help="print the text report of a saved --json result instead of running anything")
     args = p.parse_args(argv)
@@ -88,11 +92,12 @@ def _choices(parser: argparse.ArgumentParser, what: str, given: str, allowed: tu
     return chosen
 
 
-def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: Any, **kwargs: Any) -> workloads.Workload:
+def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: Any,
+                  spec: workloads.WorkloadSpec | None = None, **kwargs: Any) -> workloads.Workload:
     path = args.workloads / f"{kind}{'-quick' if mode is QUICK else ''}.jsonl" if args.workloads else None
     if path is not None and path.is_file():
         return workloads.load(path)
-    workload = workloads.build(kind, tokenizer, seed=args.seed, spec=mode.specs[kind],
+    workload = workloads.build(kind, tokenizer, seed=args.seed, spec=spec or mode.specs[kind],
                                max_model_len=args.max_model_len, **kwargs)
     if path is not None:
         workloads.save(workload, path)
@@ -103,9 +108,10 @@ class Stages:
     """Wall seconds per benchmark stage (model loading included) and the machine's load average when it
     ended: on a shared machine, a ratio between two stages is only as fair as their loads were equal."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[], None]) -> None:
         self.seconds: dict[str, float] = {}
         self.load: dict[str, float] = {}
+        self.on_done = on_done
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:
@@ -117,24 +123,27 @@ class Stages:
             self.load[name] = os.getloadavg()[1]  # 5-minute average
             print(f"[bench] {name}: {self.seconds[name]:.0f} s, load {self.load[name]:.1f}", file=sys.stderr,
                   flush=True)
+            self.on_done()
 
 
-def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], progress: bool,
-                stages: Stages) -> tuple[dict[str, EngineRun], dict[str, str]]:
-    """Every requested engine on the chat workload, one after the other, each with its own model copy."""
-    runs, skipped = {}, {}
+def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], progress: bool, stages: Stages,
+                result: dict[str, Any]) -> dict[str, EngineRun]:
+    """Every requested engine on the chat workload, one after the other, each with its own model copy; each
+    engine's figures go into result["engines"] (or a note into result["skipped"]) as soon as it is done."""
+    runs = {}
     for name in names:
         if name == "llamacpp" and not llamacpp.available():
-            skipped[name] = llamacpp.unavailable_reason()
+            result["skipped"][name] = llamacpp.unavailable_reason()
             continue
         if name == "hf_continuous" and not hf_continuous.available():
-            skipped[name] = "this transformers version has no continuous batching"
+            result["skipped"][name] = "this transformers version has no continuous batching"
             continue
         runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_continuous": hf_continuous.run,
                   "llamacpp": llamacpp.run}[name]
         with stages.time(f"chat:{name}"):
             runs[name] = runner(chat, config, progress=progress)
-    return runs, skipped
+            result["engines"][name] = runs[name].figures(config)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,11 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                        kv_budget_tokens=kv_blocks * args.block_size, max_model_len=args.max_model_len,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        seed=args.seed)
-
-    chat = load_or_build("chat", args, mode, tokenizer, arrival=args.arrival, rate=args.rate)
-    stages = Stages()
-    runs, skipped = run_engines(chat, config, args.engine_list, progress, stages)
-    engines = {name: run.figures(config) for name, run in runs.items()}
+    spec = mode.specs["chat"]
+    if args.chat_max_output:
+        spec = replace(spec, output_tokens=(min(spec.output_tokens[0], args.chat_max_output), args.chat_max_output))
+    chat = load_or_build("chat", args, mode, tokenizer, spec=spec, arrival=args.arrival, rate=args.rate)
     result: dict[str, Any] = {
         "mode": mode.name,
         "machine": machine(),
@@ -168,20 +176,20 @@ def main(argv: list[str] | None = None) -> int:
                    "kv_bytes_per_token": geometry.bytes_per_token},
         "workload": {"kind": chat.kind, "num_requests": len(chat.requests), "output_tokens": chat.total_output_tokens,
                      "prompt_tokens": sum(r.num_prompt_tokens for r in chat.requests), "arrival": args.arrival,
-                     "rate": args.rate, "max_sequence_len": chat.max_sequence_len},
-        "engines": engines,
-        "skipped": skipped,
-        "ratios": report.ratios(engines),
-        "fixed_budget": experiments.fixed_budget(chat, config, runs),
+                     "rate": args.rate, "max_sequence_len": chat.max_sequence_len,
+                     "output_range": [min(r.max_tokens for r in chat.requests), max(r.max_tokens for r in chat.requests)]},
+        "engines": {},
+        "skipped": {},
     }
-    if args.experiment_list:
-        result.update(run_experiments(args, mode, config, tokenizer, progress, stages))
+    stages = Stages(on_done=lambda: _save(args.out, result, stages, began))
+    runs = run_engines(chat, config, args.engine_list, progress, stages, result)
+    result["ratios"] = report.ratios(result["engines"])
+    result["fixed_budget"] = experiments.fixed_budget(chat, config, runs)
+    run_experiments(args, mode, config, tokenizer, progress, stages, result)
     result["targets"] = [t.__dict__ for t in report.targets(result)]
-    result["stage_s"] = stages.seconds
-    result["stage_load_avg_5min"] = stages.load
-    result["elapsed_s"] = time.time() - began
     if args.plot:
         result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
+    _save(args.out, result, stages, began)
     if args.json:
         print(json.dumps(result, default=_json_default))
     else:
@@ -189,10 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _save(path: Path | None, result: dict[str, Any], stages: Stages, began: float) -> None:
+    """Stamp the stage timings into `result` and, with --out, write it (after every stage and at the end)."""
+    result["stage_s"] = stages.seconds
+    result["stage_load_avg_5min"] = stages.load
+    result["elapsed_s"] = time.time() - began
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, default=_json_default, indent=1))
+
+
 def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any, progress: bool,
-                    stages: Stages) -> dict[str, Any]:
-    """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the roof)."""
-    out: dict[str, Any] = {}
+                    stages: Stages, out: dict[str, Any]) -> None:
+    """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the
+    roof), each added to `out` as soon as it is done."""
     todo = args.experiment_list
     if "roofline" in todo:
         with stages.time("roofline"):
@@ -216,7 +234,6 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
         with stages.time("long"):
             long = load_or_build("long", args, mode, tokenizer)
             out["long"] = ours.run(long, config, progress=progress).figures(config)
-    return out
 
 
 def machine() -> dict[str, Any]:

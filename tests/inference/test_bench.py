@@ -143,7 +143,8 @@ ENGINE_KEYS = [
     "output_tokens", "num_requests", "elapsed_s", "output_tokens_per_s", "requests_per_s",
     "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
     "kv_peak_blocks", "kv_peak_reserved_tokens", "kv_peak_reserved_bytes", "kv_avg_reserved_bytes",
-    "kv_avg_live_bytes", "kv_slot_utilization_avg", "kv_budget_tokens", "num_preemptions",
+    "kv_avg_live_bytes", "kv_slot_utilization_avg", "kv_budget_tokens", "num_preemptions", "cpu_s",
+    "output_tokens_per_cpu_s",
     "prefix_cache_hit_rate", "prompt_tokens_computed", "max_concurrent_requests", "notes",
 ]
 
@@ -173,6 +174,7 @@ def test_quick_run_has_every_figure_for_every_engine(quick_result):
         assert fig["output_tokens"] == workload["output_tokens"], name
         assert fig["num_requests"] == workload["num_requests"], name
         assert fig["output_tokens_per_s"] > 0 and fig["requests_per_s"] > 0, name
+        assert fig["cpu_s"] > 0 and fig["output_tokens_per_cpu_s"] > 0, name
         assert 0 < fig["kv_slot_utilization_avg"] <= 1, name
         assert 0 < fig["kv_avg_live_bytes"] <= fig["kv_avg_reserved_bytes"] <= fig["kv_peak_reserved_bytes"], name
         assert fig["kv_peak_reserved_tokens"] <= fig["kv_budget_tokens"], name

@@ -39,6 +39,7 @@ class EngineRun:
     counters: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu_s: float | None = None  # this process's CPU seconds during the run (all threads)
 
     def figures(self, config: RunConfig) -> dict[str, Any]:
         """The flat per-engine figures: latency and throughput, KV peak/average/utilisation, counters."""
@@ -46,6 +47,9 @@ class EngineRun:
         out.update(self.kv.summary(config.geometry, config.block_size))
         out["kv_budget_tokens"] = config.kv_budget_tokens
         out.update({key: self.counters.get(key) for key in COUNTER_KEYS})
+        out["cpu_s"] = self.cpu_s
+        # Tokens per CPU-second of this process: far less sensitive than wall time to other jobs sharing the cores.
+        out["output_tokens_per_cpu_s"] = out["output_tokens"] / self.cpu_s if self.cpu_s else None
         out.update(self.extra)
         out["notes"] = list(self.notes)
         return out
@@ -57,6 +61,7 @@ class ArrivalClock:
     def __init__(self, requests: list[BenchRequest]) -> None:
         self.pending = sorted(requests, key=lambda r: r.arrival_time)
         self.start = time.perf_counter()
+        self.cpu_start = time.process_time()
 
     def due(self) -> list[BenchRequest]:
         """Requests whose arrival time has passed (removed from the pending list)."""
@@ -68,6 +73,10 @@ class ArrivalClock:
     def arrival(self, request: BenchRequest) -> float:
         """The absolute perf_counter time at which `request` arrived."""
         return self.start + request.arrival_time
+
+    def cpu_seconds(self) -> float:
+        """CPU time this process (every thread) used since the clock started."""
+        return time.process_time() - self.cpu_start
 
     def wait_for_next(self) -> None:
         """Sleep until the next pending request arrives (used when the engine is idle)."""

@@ -46,8 +46,9 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
     arrivals: dict[str, float] = {}
     bar = tqdm(total=workload.total_output_tokens, desc=f"{NAME}:{workload.kind}", unit="tok",
                disable=not progress, leave=False)
+    # timeout: if a request fails, leaving the block must not wait for the manager to finish every other one.
     with model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb,
-                                                   warmup=False) as manager:
+                                                   warmup=False, timeout=10) as manager:
         _warm_up(manager)
         clock = ArrivalClock(workload.requests)
         while clock.pending:
@@ -58,9 +59,11 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
             _drain(manager, results, bar)
             clock.wait_for_next()
         while len(results) < len(workload.requests):
-            if not _drain(manager, results, bar, timeout=60):
-                raise RuntimeError(f"HF continuous batching stalled with {len(results)} of "
+            # No result for a while is normal (a long prefill of many prompts); a dead loop is not.
+            if not _drain(manager, results, bar, timeout=1.0) and not manager.is_running():
+                raise RuntimeError(f"HF continuous batching stopped with {len(results)} of "
                                    f"{len(workload.requests)} requests finished")
+        cpu_s = clock.cpu_seconds()
     bar.close()
     prompt_lens = {r.request_id: r.num_prompt_tokens for r in workload.requests}
     timings, spans = [], []
@@ -78,7 +81,7 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
     }
     notes = ["HF CB exposes no preemption or prefix-cache counters (reported as null); prompt tokens "
              "computed counts whole prompts; KV reconstructed from admission and token times"]
-    return EngineRun(NAME, clock.start, timings, timeline, counters, notes)
+    return EngineRun(NAME, clock.start, timings, timeline, counters, notes, cpu_s=cpu_s)
 
 
 def _drain(manager: Any, results: dict[str, Any], bar: tqdm | None, timeout: float = 0.0) -> bool:
@@ -99,8 +102,9 @@ def _warm_up(manager: Any) -> None:
     """One short request before the timed run, so one-off setup stays out of the timings."""
     manager.add_request(list(range(1000, 1040)), request_id="warmup", max_new_tokens=4, eos_token_id=NO_EOS)
     warm: dict[str, Any] = {}
-    if not _drain(manager, warm, bar=None, timeout=120):
-        raise RuntimeError("HF continuous batching did not finish its warm-up request")
+    while not warm:
+        if not _drain(manager, warm, bar=None, timeout=1.0) and not manager.is_running():
+            raise RuntimeError("HF continuous batching stopped during its warm-up request")
 
 
 def _max_overlap(spans: list[SequenceSpan]) -> int:

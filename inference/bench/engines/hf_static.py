@@ -87,6 +87,7 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
         computed_prompt += width * len(batch)
         wasted_tokens += sum(longest - r.max_tokens for r in batch)
         bar.update(sum(r.max_tokens for r in batch))
+    cpu_s = clock.cpu_seconds()
     bar.close()
     prealloc = contiguous_timeline(batches, reserve_len=workload.max_sequence_len)
     counters = {
@@ -103,4 +104,4 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
     }
     notes = [f"static batches of {batch_size} = KV budget {config.kv_budget_tokens} // longest sequence "
              f"{workload.max_sequence_len}; KV figures reconstructed from the padded cache layout and token times"]
-    return EngineRun(NAME, clock.start, timings, contiguous_timeline(batches), counters, notes, extra)
+    return EngineRun(NAME, clock.start, timings, contiguous_timeline(batches), counters, notes, extra, cpu_s)

@@ -69,12 +69,14 @@ def run(workload: Workload, config: RunConfig, progress: bool = False) -> Engine
         timings.append(RequestTiming(f"{request.request_id}#0", clock.arrival(request), request.num_prompt_tokens, times))
         spans.append(SequenceSpan(start, request.num_prompt_tokens, times))
         bar.update(len(times))
+    cpu_s = clock.cpu_seconds()
     bar.close()
     counters = {"num_preemptions": 0, "prefix_cache_hit_rate": None,
                 "prompt_tokens_computed": sum(r.num_prompt_tokens for r in workload.requests),
                 "max_concurrent_requests": 1}
     notes = ["llama-cpp-python's Llama serves one sequence at a time; KV = its n_ctx pool, allocated once"]
-    return EngineRun(NAME, clock.start, timings, fixed_pool_timeline(spans, config.max_model_len), counters, notes)
+    return EngineRun(NAME, clock.start, timings, fixed_pool_timeline(spans, config.max_model_len), counters, notes,
+                     cpu_s=cpu_s)
 
 
 def _generate(llm: object, prompt: list[int], max_tokens: int) -> list[float]:

@@ -93,6 +93,7 @@ def run(
         peak_requests = max(peak_requests, m["num_requests_running"])
         if track_sharing:
             peak_unshared_blocks = max(peak_unshared_blocks, sum(b["ref_count"] for b in m["block_map"]))
+    cpu_s = clock.cpu_seconds()
     bar.close()
     final = engine.metrics(block_map=False)
     grown = {key: final[key] - base[key] for key in _CUMULATIVE}
@@ -112,4 +113,4 @@ def run(
     if track_sharing:
         extra["kv_peak_blocks_unshared"] = peak_unshared_blocks
     return EngineRun(NAME, clock.start, timings, KVTimeline(samples, end=max(samples[-1].time, clock.start)),
-                     counters, extra=extra)
+                     counters, extra=extra, cpu_s=cpu_s)
