@@ -8,7 +8,9 @@ socket that started it gets its `done` with finish_reason "abort"), `{"type": "r
 "worker"}` goes to that worker only. Each action is answered with `{"type": "ack", "message"}` or
 `{"type": "error", "message"}`.
 """
+import asyncio
 import json
+import logging
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -18,6 +20,8 @@ from playground.serving import dispatch, registry
 
 from . import feed
 from .views import is_staff
+
+logger = logging.getLogger(__name__)
 
 CLOSE_LOGIN_REQUIRED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -39,6 +43,7 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
 
     group: str
     refusal: int
+    full = False  # full snapshots (a watch lease) rather than summaries
 
     def allowed(self, user: Any) -> bool:
         raise NotImplementedError
@@ -48,7 +53,7 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
             await self.close(code=self.refusal)
             return
         await self.accept()
-        await feed.watch(self.channel_layer, self.channel_name, self.group)
+        await feed.watch(self.channel_layer, self.channel_name, self.group, self.full)
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -72,9 +77,30 @@ class KvSummaryConsumer(SnapshotFeed):
 class MemoryConsumer(SnapshotFeed):
     group = feed.KV_GROUP
     refusal = CLOSE_FORBIDDEN
+    full = True
 
     def allowed(self, user: Any) -> bool:
         return is_staff(user)
+
+    async def connect(self) -> None:
+        self.renewals: asyncio.Task | None = None
+        await super().connect()
+        if self.allowed(self.scope.get("user")):
+            self.renewals = asyncio.create_task(self.renew_lease())
+
+    async def disconnect(self, code: int) -> None:
+        if getattr(self, "renewals", None) is not None:
+            self.renewals.cancel()
+        await super().disconnect(code)
+
+    async def renew_lease(self) -> None:
+        """Keep the workers building full snapshots while this view is open."""
+        while True:
+            await asyncio.sleep(feed.WATCH_RENEW_S)
+            try:
+                await feed.renew(self.channel_layer)
+            except Exception:  # the layer is down: try again next round; the lease outlives two misses
+                logger.exception("could not renew the memory view's watch lease")
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:

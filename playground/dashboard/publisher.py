@@ -3,6 +3,8 @@
 Each GPU worker runtime owns one SnapshotPublisher. Its thread samples the engine every `interval_s`; it
 publishes when the engine's figures changed since the last look, for a short while after the last change
 (so tokens/s is seen falling to zero), or when a viewer asked (`kv.refresh`); an idle worker is quiet.
+Summaries always go to the chat pages' group; full snapshots (block map, block tables) are built and sent
+to the memory view's group only while a memory view holds a watch lease (feed.py).
 Request threads report finished requests through `observe`, which feeds the latency percentiles of the
 snapshot and the histograms the heartbeat carries to `/metrics`.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from channels.layers import get_channel_layer
 
@@ -28,6 +30,13 @@ THROUGHPUT_WINDOW_S = 2.0
 SEND_TIMEOUT_S = 5.0
 
 
+class Publication(NamedTuple):
+    """One round's snapshots: the summary for the chat pages, the full one only while a view watches."""
+
+    summary: dict[str, Any]
+    full: dict[str, Any] | None
+
+
 class SnapshotPublisher:
     def __init__(self, worker: str, service: EngineService, bridge: LoopBridge, interval_s: float) -> None:
         self.worker = worker
@@ -41,6 +50,8 @@ class SnapshotPublisher:
         self._last_metrics: dict[str, Any] | None = None
         self._changed_at = float("-inf")
         self._refresh = threading.Event()
+        self._lease_asked = threading.Event()
+        self._watched_until = float("-inf")
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -62,6 +73,10 @@ class SnapshotPublisher:
         kind = message.get("type")
         if kind == feed.REFRESH:
             self._refresh.set()
+            if message.get("watch"):
+                self._lease_asked.set()
+        elif kind == feed.WATCH:
+            self._lease_asked.set()
         elif kind == feed.RESET_PREFIX_CACHE and message.get("worker") == self.worker:
             self.service.reset_prefix_cache()
             self._refresh.set()
@@ -75,8 +90,9 @@ class SnapshotPublisher:
             except Exception:
                 logger.exception("could not publish a KV snapshot")
 
-    def poll(self, now: float) -> dict[str, Any] | None:
-        """The snapshot to publish now (monotonic time `now`), or None when there is nothing to say."""
+    def poll(self, now: float) -> Publication | None:
+        """The snapshot to publish now (monotonic time `now`): full while a memory view watches, else a
+        summary; None when there is nothing to say."""
         metrics = self.service.metrics(block_map=True)
         if not metrics.get("block_map"):
             return None  # no engine yet (loading), so no pool to show
@@ -84,22 +100,24 @@ class SnapshotPublisher:
         if metrics is not self._last_metrics and metrics != self._last_metrics:
             self._last_metrics = metrics
             self._changed_at = now
+        if self._lease_asked.is_set():
+            self._lease_asked.clear()
+            self._watched_until = now + feed.WATCH_LEASE_S
         asked = self._refresh.is_set()
         self._refresh.clear()
         if not asked and now - self._changed_at > self.linger_s:
             return None
-        return snapshot.build(
-            self.worker,
-            metrics,
-            self.service.live_sequences(),
-            self.service.max_model_len,
-            tokens_per_s,
-            self.latency.summary(),
-            time.time(),
-        )
+        summary = snapshot.build_summary(self.worker, metrics, tokens_per_s, self.latency.summary(), time.time())
+        if now > self._watched_until:
+            return Publication(summary, None)
+        full = snapshot.with_block_map(summary, metrics, self.service.live_sequences(), self.service.max_model_len)
+        return Publication(summary, full)
 
-    def publish(self, full: dict[str, Any]) -> None:
-        """Send a snapshot to the memory view's group and its summary to the chat pages' group."""
+    def publish(self, publication: Publication) -> None:
+        """Send the summary to the chat pages' group and the full snapshot, if any, to the memory view's."""
         layer = get_channel_layer()
-        for group, body in ((feed.KV_GROUP, full), (feed.SUMMARY_GROUP, snapshot.summary(full))):
-            self.bridge.call(layer.group_send(group, {"type": feed.SNAPSHOT, "snapshot": body}), SEND_TIMEOUT_S)
+        sends = [(feed.SUMMARY_GROUP, publication.summary), (feed.KV_GROUP, publication.full)]
+        for group, body in sends:
+            if body is not None:
+                message = {"type": feed.SNAPSHOT, "snapshot": body}
+                self.bridge.call(layer.group_send(group, message), SEND_TIMEOUT_S)

@@ -13,8 +13,7 @@ The block map is compact so that a GPU-sized pool (100k+ blocks) fits a channel-
 character per physical block (f free, u used by one sequence, s shared by several, c cached and evictable);
 ref counts only where the state does not imply them (shared blocks: u means 1, f and c mean 0); owners only
 for blocks in use. `requests` holds one entry per running sequence (a request with n samples has n).
-The chat page gets `summary()`: the same without the block map and requests, which name other users'
-requests.
+The chat page gets `build_summary()` alone: no block map and requests, which name other users' requests.
 """
 from __future__ import annotations
 
@@ -72,17 +71,11 @@ def contiguous_reserved_blocks(requests: list[dict[str, Any]], block_size: int) 
     return sum(math.ceil(r["max_len"] / block_size) for r in requests)
 
 
-def build(
-    worker: str,
-    metrics: dict[str, Any],
-    sequences: Iterable[Any],
-    max_model_len: int,
-    tokens_per_s: float,
-    latency: dict[str, Any],
-    now: float,
+def build_summary(
+    worker: str, metrics: dict[str, Any], tokens_per_s: float, latency: dict[str, Any], now: float
 ) -> dict[str, Any]:
-    """The full snapshot of one worker (shape in the module docstring). `metrics` must hold "block_map"."""
-    requests = request_tables(sequences, max_model_len)
+    """The figures only: nothing that names a request (for the chat page, which any user may open), and
+    cheap (no pass over the block pool)."""
     return {
         "type": "snapshot",
         "worker": worker,
@@ -90,12 +83,18 @@ def build(
         "metrics": {k: v for k, v in metrics.items() if k != "block_map"},
         "tokens_per_s": round(tokens_per_s, 2),
         "latency": latency,
+    }
+
+
+def with_block_map(
+    summary: dict[str, Any], metrics: dict[str, Any], sequences: Iterable[Any], max_model_len: int
+) -> dict[str, Any]:
+    """The full snapshot: `summary` plus block map, block tables and the contiguous reservation.
+    `metrics` must hold "block_map"."""
+    requests = request_tables(sequences, max_model_len)
+    return {
+        **summary,
         "block_map": encode_block_map(metrics["block_map"]),
         "requests": requests,
         "contiguous_reserved_blocks": contiguous_reserved_blocks(requests, metrics["block_size"]),
     }
-
-
-def summary(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The snapshot without anything that names requests: for the chat page, which any user may open."""
-    return {k: v for k, v in snapshot.items() if k not in ("block_map", "requests", "contiguous_reserved_blocks")}

@@ -40,7 +40,16 @@ METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4
 
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
-    snap = snapshot.build("w1", METRICS, SEQUENCES, 512, 12.345, {"requests": 0}, 1000.0)
+    summary = snapshot.build_summary("w1", METRICS, 12.345, {"requests": 0}, 1000.0)
+    assert summary == {
+        "type": "snapshot",
+        "worker": "w1",
+        "time": 1000.0,
+        "metrics": {k: v for k, v in METRICS.items() if k != "block_map"},
+        "tokens_per_s": 12.35,
+        "latency": {"requests": 0},
+    }
+    snap = snapshot.with_block_map(summary, METRICS, SEQUENCES, 512)
     assert snap == {
         "type": "snapshot",
         "worker": "w1",
@@ -59,7 +68,6 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         ],
         "contiguous_reserved_blocks": 2 * 9,  # two samples, each ceil(135 / 16) blocks reserved up front
     }
-    assert set(snapshot.summary(snap)) == {"type", "worker", "time", "metrics", "tokens_per_s", "latency"}
 
 
 def test_block_tables_list_requests_oldest_first_with_their_samples_together():
@@ -147,7 +155,7 @@ def test_publisher_speaks_while_figures_change_then_falls_quiet():
     publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
     assert publisher.poll(0.0) is None  # loading: no block map yet
     service.figures = METRICS
-    assert publisher.poll(1.0)["block_map"]["states"] == "ssucfu"
+    assert publisher.poll(1.0).summary["metrics"]["generation_tokens_total"] == 10
     assert publisher.poll(1.25) is not None  # unchanged, but lingering so tokens/s can be seen falling
     assert publisher.poll(1.0 + publisher.linger_s + 0.01) is None  # idle: quiet
     service.figures = {**METRICS, "generation_tokens_total": 20}  # a new dict, equal or not, is checked
@@ -169,6 +177,22 @@ def test_publisher_answers_refresh_and_resets_only_its_own_prefix_cache():
     assert service.resets == 0 and publisher.poll(101.0) is None
     publisher.control({"type": feed.RESET_PREFIX_CACHE, "worker": "w1"})
     assert service.resets == 1 and publisher.poll(101.25) is not None  # the new state is shown at once
+
+
+def test_publisher_builds_full_snapshots_only_while_a_memory_view_holds_a_lease():
+    service = ScriptedService()
+    service.figures = METRICS
+    publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
+    assert publisher.poll(0.0).full is None  # only chat pages may be watching: figures only
+    publisher.control({"type": feed.REFRESH, "watch": True})  # a memory view connects
+    first = publisher.poll(0.25)
+    assert first.full["block_map"]["states"] == "ssucfu" and first.full["requests"][0]["block_table"] == [0, 1, 2]
+    assert {k: v for k, v in first.full.items() if k in first.summary} == first.summary
+    publisher.control({"type": feed.WATCH})  # renewed while open
+    publisher.control({"type": feed.REFRESH})
+    assert publisher.poll(20.0).full is not None
+    publisher.control({"type": feed.REFRESH})
+    assert publisher.poll(20.0 + feed.WATCH_LEASE_S + 0.01).full is None  # closed: no renewal, lease over
 
 
 # --- access: HTTP ---------------------------------------------------------------------------------------
@@ -222,17 +246,20 @@ def test_memory_socket_refuses_everyone_but_staff(staff, member):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_memory_socket_relays_snapshots_and_asks_workers_for_one_on_connect(staff):
+def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_lease(staff, monkeypatch):
+    monkeypatch.setattr(feed, "WATCH_RENEW_S", 0.1)
+
     async def scenario():
         layer = get_channel_layer()
         control = await layer.new_channel("test.control.")
         await layer.group_add(CONTROL_GROUP, control)
         ws, connected, _ = await ws_connect("/ws/memory/", staff)
         assert connected
-        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH}
-        full = snapshot.build("w1", METRICS, SEQUENCES, 512, 1.0, {}, 1.0)
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH, "watch": True}
+        full = snapshot.with_block_map(snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0), METRICS, SEQUENCES, 512)
         await layer.group_send(feed.KV_GROUP, {"type": feed.SNAPSHOT, "snapshot": full})
         assert await ws.receive_json_from(timeout=5) == full
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.WATCH}
         await ws.disconnect()
 
     run(scenario())
@@ -280,11 +307,9 @@ def test_kv_feed_sends_summaries_to_whoever_may_chat(member):
             assert not connected and code == CLOSE_LOGIN_REQUIRED
             ws, connected, _ = await ws_connect("/ws/kv/", member)
             assert connected
-        full = snapshot.build("w1", METRICS, SEQUENCES, 512, 1.0, {}, 1.0)
-        await get_channel_layer().group_send(feed.SUMMARY_GROUP,
-                                             {"type": feed.SNAPSHOT, "snapshot": snapshot.summary(full)})  # fmt: skip
-        frame = await ws.receive_json_from(timeout=5)
-        assert frame["type"] == "snapshot" and "block_map" not in frame and "requests" not in frame
+        summary = snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0)
+        await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": summary})
+        assert await ws.receive_json_from(timeout=5) == summary
         await ws.send_json_to({"type": "abort", "worker": "w1", "request_id": "r1"})
         assert await ws.receive_json_from(timeout=5) == {"type": "error", "message": "this feed is read-only"}
         await ws.disconnect()

@@ -66,7 +66,8 @@ def worker(engine):
     clock = iter(range(10**6))
 
     def publish() -> dict:
-        runtime.publisher.control({"type": feed.REFRESH})  # publish even if the figures did not change
+        # As the memory view asks: publish now, even if the figures did not change, with the block map.
+        runtime.publisher.control({"type": feed.REFRESH, "watch": True})
         runtime.publisher.publish(runtime.publisher.poll(float(next(clock))))
         message = bridge.call(layer.receive(channel), 5)
         assert message["type"] == feed.SNAPSHOT
