@@ -57,7 +57,7 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.accept()
         await self.send_json({"type": "state", **runner.state()})
-        await feed.watch(self.channel_layer, self.channel_name, feed.SUMMARY_GROUP)
+        await feed.watch(self.channel_layer, self.channel_name, feed.SUMMARY_GROUP, full=False)
 
     async def disconnect(self, code: int) -> None:
         for group in (GROUP, feed.SUMMARY_GROUP):
