@@ -289,6 +289,13 @@ class LLMEngine:
     def live_sequences(self) -> list[Sequence]:
         return list(self.scheduler.running)
 
+    def _max_len(self, seq: Sequence) -> int:
+        """Tokens the sequence may reach: what a contiguous allocator would reserve for it up front."""
+        max_tokens = seq.request.params.max_tokens
+        if max_tokens is None:
+            return self.max_model_len
+        return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
+
     def check_integrity(self) -> None:
         """Assert every block-accounting invariant (DESIGN.md); cheap enough to run between steps."""
         self.block_manager.check_integrity(self.live_sequences())
@@ -335,6 +342,18 @@ class LLMEngine:
             "cow_copies_total": self.block_manager.num_cow_copies,
         }
         if block_map:
+            # Block tables are snapshotted here, in the engine's thread, so they agree with the block map.
+            figures["sequences"] = [
+                {
+                    "request_id": seq.request_id,
+                    "index": seq.index,
+                    "block_table": list(seq.block_table),
+                    "context_len": seq.num_computed_tokens,
+                    "max_len": self._max_len(seq),
+                }
+                for seq in sorted(self.scheduler.running,
+                                  key=lambda s: (s.request.arrival_time, s.request_id, s.index))
+            ]
             figures["block_map"] = [
                 {
                     "state": "used" if b.ref_count else ("cached" if b.block_hash is not None else "free"),

@@ -110,7 +110,7 @@ class SnapshotPublisher:
         summary = snapshot.build_summary(self.worker, metrics, tokens_per_s, self.latency.summary(), time.time())
         if now > self._watched_until:
             return Publication(summary, None)
-        full = snapshot.with_block_map(summary, metrics, self.service.live_sequences(), self.service.max_model_len)
+        full = snapshot.with_block_map(summary, metrics)
         return Publication(summary, full)
 
     def publish(self, publication: Publication) -> None:

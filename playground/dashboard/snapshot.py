@@ -18,7 +18,6 @@ The chat page gets `build_summary()` alone: no block map and requests, which nam
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 STATE_CODES = {"free": "f", "used": "u", "shared": "s", "cached": "c"}
@@ -42,30 +41,6 @@ def encode_block_map(block_map: list[dict[str, Any]]) -> dict[str, Any]:
     return {"states": "".join(states), "ref_counts": ref_counts, "owners": owners}
 
 
-def max_len(seq: Any, max_model_len: int) -> int:
-    """Tokens the sequence may reach: what a contiguous allocator would reserve for it up front."""
-    max_tokens = seq.request.params.max_tokens
-    if max_tokens is None:
-        return max_model_len
-    return min(seq.num_prompt_tokens + max_tokens, max_model_len)
-
-
-def request_tables(sequences: Iterable[Any], max_model_len: int) -> list[dict[str, Any]]:
-    """One entry per running sequence (`inference.sequence.Sequence`; read: request_id, index, block_table,
-    num_computed_tokens, num_prompt_tokens, request.arrival_time, request.params.max_tokens): block table
-    (logical i → physical) and lengths, oldest request first with its samples together."""
-    return [
-        {
-            "request_id": seq.request_id,
-            "index": seq.index,
-            "block_table": list(seq.block_table),
-            "context_len": seq.num_computed_tokens,
-            "max_len": max_len(seq, max_model_len),
-        }
-        for seq in sorted(sequences, key=lambda s: (s.request.arrival_time, s.request_id, s.index))
-    ]
-
-
 def contiguous_reserved_blocks(requests: list[dict[str, Any]], block_size: int) -> int:
     """Blocks the same sequences would pin if each pre-allocated its maximum length (no sharing)."""
     return sum(math.ceil(r["max_len"] / block_size) for r in requests)
@@ -80,18 +55,17 @@ def build_summary(
         "type": "snapshot",
         "worker": worker,
         "time": now,
-        "metrics": {k: v for k, v in metrics.items() if k != "block_map"},
+        "metrics": {k: v for k, v in metrics.items() if k not in ("block_map", "sequences")},
         "tokens_per_s": round(tokens_per_s, 2),
         "latency": latency,
     }
 
 
-def with_block_map(
-    summary: dict[str, Any], metrics: dict[str, Any], sequences: Iterable[Any], max_model_len: int
-) -> dict[str, Any]:
+def with_block_map(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """The full snapshot: `summary` plus block map, block tables and the contiguous reservation.
-    `metrics` must hold "block_map"."""
-    requests = request_tables(sequences, max_model_len)
+    `metrics` must hold "block_map" and "sequences" (the engine's metrics(block_map=True)): both come from
+    the same engine step, so tables and map agree."""
+    requests = metrics["sequences"]
     return {
         **summary,
         "block_map": encode_block_map(metrics["block_map"]),

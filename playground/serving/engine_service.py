@@ -111,21 +111,12 @@ class EngineService:
         if self._engine is not None:
             self._engine.reset_prefix_cache()
 
-    def live_sequences(self) -> list[Any]:
-        """The engine's running sequences, for the dashboard's block tables. Read from outside the engine
-        loop: the list and each block table are copied whole, but may be a step newer than `metrics()`."""
-        return [] if self._engine is None else self._engine.engine.live_sequences()
-
-    @property
-    def max_model_len(self) -> int:
-        return self.wait_ready(0).args.max_model_len
-
     def metrics(self, block_map: bool = False) -> dict[str, Any]:
         """The engine's latest figures ({} while loading); the block map only when asked (it is large)."""
         if self._engine is None:
             return {}
         figures = self._engine.metrics()
-        return figures if block_map else {k: v for k, v in figures.items() if k != "block_map"}
+        return figures if block_map else {k: v for k, v in figures.items() if k not in ("block_map", "sequences")}
 
 
 def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) -> dict[str, Any]:

@@ -104,5 +104,8 @@ def test_n4_stores_the_prompt_once_and_copies_on_write():
     assert len({seq.block_table[6] for seq in seqs}) == 4
     assert snapshot["cow_copies_total"] >= 3
     assert snapshot["num_blocks_used"] == 6 + 4
+    assert [(s["index"], s["block_table"], s["context_len"], s["max_len"]) for s in snapshot["sequences"]] == [
+        (seq.index, seq.block_table, 101, 108) for seq in sorted(seqs, key=lambda s: s.index)
+    ]
     while engine.has_unfinished_requests():
         engine.step()

@@ -24,19 +24,15 @@ def block(state: str, ref_count: int = 0, owners=()) -> dict:
     return {"state": state, "ref_count": ref_count, "owners": list(owners)}
 
 
-def sequence(request_id: str, index: int, table: list[int], computed: int, prompt: int, max_tokens,
-             arrival: float = 0.0) -> SimpleNamespace:
-    request = SimpleNamespace(arrival_time=arrival, params=SimpleNamespace(max_tokens=max_tokens))
-    return SimpleNamespace(request_id=request_id, index=index, block_table=table, num_computed_tokens=computed,
-                           num_prompt_tokens=prompt, request=request)  # fmt: skip
-
-
 # Request "a" (n=2) shares blocks 0 and 1 (its prompt) between its samples; block 3 is cached, 4 free.
 BLOCK_MAP = [block("used", 2, ["a"]), block("used", 2, ["a"]), block("used", 1, ["a"]), block("cached"),
              block("free"), block("used", 1, ["a"])]  # fmt: skip
-SEQUENCES = [sequence("a", 0, [0, 1, 2], 40, 35, 100), sequence("a", 1, [0, 1, 5], 40, 35, 100)]
+SEQUENCES = [
+    {"request_id": "a", "index": 0, "block_table": [0, 1, 2], "context_len": 40, "max_len": 135},
+    {"request_id": "a", "index": 1, "block_table": [0, 1, 5], "context_len": 40, "max_len": 135},
+]
 METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4, "kv_cache_usage": 4 / 6,
-           "generation_tokens_total": 10, "block_map": BLOCK_MAP}  # fmt: skip
+           "generation_tokens_total": 10, "block_map": BLOCK_MAP, "sequences": SEQUENCES}  # fmt: skip
 
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
@@ -45,16 +41,16 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         "type": "snapshot",
         "worker": "w1",
         "time": 1000.0,
-        "metrics": {k: v for k, v in METRICS.items() if k != "block_map"},
+        "metrics": {k: v for k, v in METRICS.items() if k not in ("block_map", "sequences")},
         "tokens_per_s": 12.35,
         "latency": {"requests": 0},
     }
-    snap = snapshot.with_block_map(summary, METRICS, SEQUENCES, 512)
+    snap = snapshot.with_block_map(summary, METRICS)
     assert snap == {
         "type": "snapshot",
         "worker": "w1",
         "time": 1000.0,
-        "metrics": {k: v for k, v in METRICS.items() if k != "block_map"},
+        "metrics": {k: v for k, v in METRICS.items() if k not in ("block_map", "sequences")},
         "tokens_per_s": 12.35,
         "latency": {"requests": 0},
         "block_map": {
@@ -68,18 +64,6 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         ],
         "contiguous_reserved_blocks": 2 * 9,  # two samples, each ceil(135 / 16) blocks reserved up front
     }
-
-
-def test_block_tables_list_requests_oldest_first_with_their_samples_together():
-    running = [sequence("new", 0, [4], 3, 3, 5, arrival=2.0), sequence("old", 1, [2], 3, 3, 5, arrival=1.0),
-               sequence("new", 1, [5], 3, 3, 5, arrival=2.0), sequence("old", 0, [1], 3, 3, 5, arrival=1.0)]
-    tables = snapshot.request_tables(running, 512)
-    assert [(t["request_id"], t["index"]) for t in tables] == [("old", 0), ("old", 1), ("new", 0), ("new", 1)]
-
-
-def test_max_len_is_capped_by_the_model_and_defaults_to_it():
-    assert snapshot.max_len(sequence("a", 0, [], 0, 100, 500), 256) == 256
-    assert snapshot.max_len(sequence("a", 0, [], 0, 100, None), 256) == 256
 
 
 def test_block_map_with_an_unknown_state_is_refused():
@@ -138,13 +122,9 @@ class ScriptedService:
     def __init__(self) -> None:
         self.figures: dict = {}
         self.resets = 0
-        self.max_model_len = 512
 
     def metrics(self, block_map: bool = False) -> dict:
         return self.figures
-
-    def live_sequences(self) -> list:
-        return SEQUENCES
 
     def reset_prefix_cache(self) -> None:
         self.resets += 1
@@ -256,7 +236,7 @@ def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_leas
         ws, connected, _ = await ws_connect("/ws/memory/", staff)
         assert connected
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH, "watch": True}
-        full = snapshot.with_block_map(snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0), METRICS, SEQUENCES, 512)
+        full = snapshot.with_block_map(snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0), METRICS)
         await layer.group_send(feed.KV_GROUP, {"type": feed.SNAPSHOT, "snapshot": full})
         assert await ws.receive_json_from(timeout=5) == full
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.WATCH}
