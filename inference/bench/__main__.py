@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                    "kv_bytes_per_token": geometry.bytes_per_token},
         "workload": {"kind": chat.kind, "num_requests": len(chat.requests), "output_tokens": chat.total_output_tokens,
                      "prompt_tokens": sum(r.num_prompt_tokens for r in chat.requests), "arrival": args.arrival,
-                     "rate": args.rate, "max_sequence_len": chat.max_sequence_len,
+                     "rate": args.rate, "padded_row_len": chat.padded_row_len,
                      "output_range": [min(r.max_tokens for r in chat.requests), max(r.max_tokens for r in chat.requests)]},
         "engines": {},
         "skipped": {},

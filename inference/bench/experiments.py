@@ -94,7 +94,8 @@ def beam_sharing(workload: Workload, config: RunConfig) -> dict[str, Any]:
 def fixed_budget(workload: Workload, config: RunConfig, runs: dict[str, EngineRun]) -> dict[str, Any]:
     """Sequences held at once under one KV budget: analytical capacity per policy, and what each engine did."""
     seq_lens = [r.num_prompt_tokens + r.max_tokens for r in workload.requests]
-    capacity = kv.capacity(config.kv_budget_tokens, seq_lens, config.max_model_len, config.block_size)
+    capacity = kv.capacity(config.kv_budget_tokens, seq_lens, workload.padded_row_len, config.max_model_len,
+                           config.block_size)
     measured = {
         name: {
             "max_concurrent_requests": run.counters["max_concurrent_requests"],

@@ -145,17 +145,19 @@ def contiguous_timeline(batches: list[StaticBatch], reserve_len: int | None = No
     return KVTimeline(samples, end=batches[-1].end)
 
 
-def capacity(budget_tokens: int, seq_lens: list[int], max_model_len: int, block_size: int) -> dict[str, float]:
+def capacity(budget_tokens: int, seq_lens: list[int], padded_row_len: int, max_model_len: int,
+             block_size: int) -> dict[str, float]:
     """How many sequences of this workload fit at once in `budget_tokens` slots under each allocation policy.
 
     max-length pre-allocation reserves `max_model_len` per sequence; padded-to-longest reserves the workload's
-    longest sequence for every row; paging reserves ceil(len / block_size) blocks for the average sequence.
+    longest padded row (longest prompt + longest output) for every row; paging reserves ceil(len /
+    block_size) blocks for the average sequence.
     """
     if not seq_lens:
         raise ValueError("capacity needs at least one sequence length")
     mean_paged = sum(math.ceil(n / block_size) * block_size for n in seq_lens) / len(seq_lens)
     return {
         "max_length_prealloc": budget_tokens // max_model_len,
-        "padded_to_longest": budget_tokens // max(seq_lens),
+        "padded_to_longest": budget_tokens // padded_row_len,
         "paging": budget_tokens / mean_paged,
     }

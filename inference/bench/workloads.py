@@ -57,9 +57,10 @@ class Workload:
         return sum(r.max_tokens * max(r.n, 1) for r in self.requests)
 
     @property
-    def max_sequence_len(self) -> int:
-        """The longest prompt + output, i.e. what a contiguous cache must reserve per sequence."""
-        return max(r.num_prompt_tokens + r.max_tokens for r in self.requests)
+    def padded_row_len(self) -> int:
+        """Longest prompt + longest output: how long a row of a static padded batch can get (the two may
+        come from different requests), so what a static server must reserve per row to never overflow."""
+        return max(r.num_prompt_tokens for r in self.requests) + max(r.max_tokens for r in self.requests)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from inference.bench import kv, workloads
+from inference.bench.engines.base import RunConfig
+from inference.bench.engines.hf_static import static_batch_size
 from inference.bench.stats import RequestTiming, latency_figures, percentile
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
@@ -78,7 +80,8 @@ def test_paged_timeline_rounds_each_sequence_up_to_its_pages():
 
 
 def test_capacity_of_each_allocation_policy():
-    cap = kv.capacity(budget_tokens=4096, seq_lens=[100, 300, 500], max_model_len=2048, block_size=16)
+    cap = kv.capacity(budget_tokens=4096, seq_lens=[100, 300, 500], padded_row_len=512, max_model_len=2048,
+                      block_size=16)
     assert cap["max_length_prealloc"] == 2
     assert cap["padded_to_longest"] == 8
     assert cap["paging"] == pytest.approx(4096 / ((112 + 304 + 512) / 3))
@@ -228,3 +231,12 @@ def test_report_renders_a_saved_result(quick_result, tmp_path):
     assert "| figure | ours | hf_static | hf_continuous |" in text
     assert "### targets" in text and ("met" in text or "MISSED" in text)
     assert f"{result['engines']['ours']['output_tokens_per_s']:.1f}" in text
+
+
+def test_static_batch_never_outgrows_the_budget(tokenizer):
+    w = workloads.build("chat", tokenizer, spec=workloads.WorkloadSpec(16, (20, 400), (16, 128)))
+    config = RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096)
+    rows = static_batch_size(w, config)
+    longest_prompt = max(r.num_prompt_tokens for r in w.requests)
+    longest_output = max(r.max_tokens for r in w.requests)
+    assert rows * (longest_prompt + longest_output) <= 4096 < (rows + 1) * (longest_prompt + longest_output)

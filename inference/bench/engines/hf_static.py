@@ -1,7 +1,7 @@
 """The seeds' baseline: HF transformers `generate` in static padded batches with a contiguous cache.
 
 The batch size is what the shared KV budget allows when every row must be able to reach the workload's
-longest sequence (`budget // (longest prompt + longest output)`): a static server cannot know its batch's
+longest padded row (`budget // (longest prompt + longest output)`): a static server cannot know its batch's
 lengths in advance. Each batch is left-padded to its longest prompt and runs until its longest output is done;
 rows that asked for fewer tokens keep computing (their extra tokens are discarded and not counted). A batch
 starts when the previous one returns, with whatever requests have arrived by then.
@@ -40,8 +40,8 @@ def load_model(config: RunConfig) -> Any:
 
 
 def static_batch_size(workload: Workload, config: RunConfig) -> int:
-    """How many rows of the workload's longest sequence fit in the KV budget (at least 1)."""
-    return max(1, config.kv_budget_tokens // workload.max_sequence_len)
+    """How many rows of the workload's longest padded row fit in the KV budget (at least 1)."""
+    return max(1, config.kv_budget_tokens // workload.padded_row_len)
 
 
 def generate_padded(model: Any, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> tuple[StepClock, int]:
@@ -89,7 +89,7 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
         bar.update(sum(r.max_tokens for r in batch))
     cpu_s = clock.cpu_seconds()
     bar.close()
-    prealloc = contiguous_timeline(batches, reserve_len=workload.max_sequence_len)
+    prealloc = contiguous_timeline(batches, reserve_len=workload.padded_row_len)
     counters = {
         "num_preemptions": 0,  # a static batch never over-admits, so it never preempts
         "prefix_cache_hit_rate": 0.0,  # no prefix cache
@@ -102,6 +102,6 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
         "wasted_decode_tokens": wasted_tokens,
         "kv_slot_utilization_avg_prealloc": prealloc.summary(config.geometry, config.block_size)["kv_slot_utilization_avg"],
     }
-    notes = [f"static batches of {batch_size} = KV budget {config.kv_budget_tokens} // longest sequence "
-             f"{workload.max_sequence_len}; KV figures reconstructed from the padded cache layout and token times"]
+    notes = [f"static batches of {batch_size} = KV budget {config.kv_budget_tokens} // longest padded row "
+             f"{workload.padded_row_len}; KV figures reconstructed from the padded cache layout and token times"]
     return EngineRun(NAME, clock.start, timings, contiguous_timeline(batches), counters, notes, extra, cpu_s)
