@@ -73,7 +73,7 @@ class WorkloadSpec:
 
 
 # `chat` has the 64 requests and prompt lengths, but outputs up to 128 rather than 256 tokens (HF's static
-# batches alone took 25 min at 256 on 2 shared cores; `--chat-max-output 256` restores it). The side
+# batches alone took 25 min at 256 under a load average of ~5 on 2 cores; `--chat-max-output 256` restores it). The side
 # experiments are smaller still, so a full run stays near 15-30 min on this machine.
 # `--quick` shrinks everything (see QUICK_SPECS).
 FULL_SPECS = {
