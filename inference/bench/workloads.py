@@ -72,9 +72,9 @@ class WorkloadSpec:
     output_tokens: tuple[int, int]
 
 
-# `chat` has the 64 requests and prompt lengths, but outputs up to 128 rather than 256 tokens (HF's static
-# batches alone took 25 min at 256 under a load average of ~5 on 2 cores; `--chat-max-output 256` restores it). The side
-# experiments are smaller still, so a full run stays near 15-30 min on this machine.
+# `chat` has the 64 requests and prompt lengths, but outputs up to 128 rather than 256 tokens: at 256,
+# HF's static batches alone took 25 min under a load average of ~5 on the 2 shared cores (`--chat-max-output
+# 256` restores it). The side experiments are smaller still: a full run took 7 min at load ~2, 17 min at ~4.
 # `--quick` shrinks everything (see QUICK_SPECS).
 FULL_SPECS = {
     "chat": WorkloadSpec(64, (20, 400), (16, 128)),
