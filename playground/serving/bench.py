@@ -129,7 +129,7 @@ def percentile(values: list[float], q: float) -> float:
 def report(clients: int, max_tokens: int, bare: Run, web: Run, delays: list[float], coalesce_ms: int) -> str:
     ratio = web.tokens_per_s / bare.tokens_per_s
     return "\n".join([
-        f"| clients | max_tokens | bare engine tok/s | delivered over websockets tok/s | ratio | delay p50 | delay p99 | coalesce |",
+        "| clients | max_tokens | bare engine tok/s | delivered over websockets tok/s | ratio | delay p50 | delay p99 | coalesce |",
         "|---|---|---|---|---|---|---|---|",
         f"| {clients} | {max_tokens} | {bare.tokens_per_s:.1f} ({bare.tokens} tok / {bare.seconds:.1f} s) "
         f"| {web.tokens_per_s:.1f} ({web.tokens} tok / {web.seconds:.1f} s) | {ratio:.1%} "

@@ -1,6 +1,13 @@
 """Fixtures shared by the playground tests."""
+from pathlib import Path
+
 import pytest
 from django.core.cache import cache
+
+# Debian's chromium, driven by playwright; no browser is ever downloaded (bin/setup installs it).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -9,3 +16,15 @@ def _fresh_cache():
     cache.clear()
     yield
     cache.clear()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless chromium per test module (skips where chromium or playwright is missing)."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed")
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

@@ -17,20 +17,14 @@ from urllib.request import urlopen
 
 import pytest
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
 STAFF = {"username": "ada", "password": "analytical-engine-1843"}
 # A stored reply that would run code if the page ever rendered model text as HTML.
 HOSTILE_REPLY = 'Sure: <script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> **done**'
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 
 
 def _free_port() -> int:
@@ -100,14 +94,6 @@ def server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
     log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -1,19 +1,14 @@
 """Browser test of the demo presenter page against the embedded playground (real model, Debian's
 chromium through playwright): starting 8 simulated users shows 8 streams and a rising memory chart."""
 import re
-from pathlib import Path
 
 import pytest
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 from api_server import start  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 
 MEMORY_CHART = '#charts [data-chart="memory"]'
 
@@ -26,15 +21,14 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def page():
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield page
-        browser.close()
-        assert errors == [], f"uncaught errors in the page: {errors}"
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
 
 
 def test_eight_simulated_users_stream_and_memory_rises(server, page):

@@ -8,24 +8,17 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 from live_stack import REPO, EmbeddedServer
 from websockets.sync.client import connect
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
 STAFF = {"username": "ada", "password": "analytical-engine-1843"}
 SYSTEM = "You are a patient tutor. Explain every idea with a short example and keep a friendly tone throughout."
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +36,6 @@ def server(tmp_path_factory):
         yield embedded
     finally:
         embedded.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

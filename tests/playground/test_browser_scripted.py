@@ -9,7 +9,6 @@ token frame, a cancel before `started`, a refused generate.
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 from functools import partial
@@ -19,17 +18,11 @@ from pathlib import Path
 import pytest
 from django.template.loader import render_to_string
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is not installed", allow_module_level=True)
 
 # In-page test double for WebSocket: the test pushes frames with __deliver(obj, path) to the page's latest
 # socket on that path; frames the page sends land in __sent.
@@ -146,14 +139,6 @@ def harness_url():
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
