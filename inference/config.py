@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from inference.model_loader import DEFAULT_MODEL
 
-ATTENTION_BACKENDS = (None, "auto", "torch", "triton")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024**2
 
@@ -53,7 +53,7 @@ class EngineArgs:
             self.max_num_batched_tokens = max(2048, self.max_num_seqs)
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every running decode fits a step")
-        if self.attention_backend not in ATTENTION_BACKENDS:
+        if self.attention_backend not in kernels.BACKENDS:
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")

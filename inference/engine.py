@@ -172,13 +172,16 @@ class LLMEngine:
             outputs.append(RequestOutput.from_request(request))
         return outputs
 
-    def add_beam_search(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> None:
-        """Queue a beam-search request; its output holds the best `beam_width` hypotheses, best first."""
+    def make_beam_request(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> Request:
+        """Tokenise and validate a beam-search request (its output: the best `beam_width` hypotheses)."""
         request = self.make_request(request_id, prompt, params.sampling_params())
         max_tokens = min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids))
         request.beam = BeamState(params, max_tokens)
         request.beam.scores[request.seqs[0].seq_id] = 0.0
-        self.add(request)
+        return request
+
+    def add_beam_search(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> None:
+        self.add(self.make_beam_request(request_id, prompt, params))
 
     def _beam_step(self, seq: Sequence, logits: torch.Tensor) -> bool:
         """Collect one beam's logits; once every live beam has its own, advance the search. True if advanced."""

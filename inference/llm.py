@@ -77,12 +77,11 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        request_ids = [str(next(self._ids)) for _ in prompts]
-        requests = [self.llm_engine.make_request(r, p, params.sampling_params()) for r, p in zip(request_ids, prompts)]
-        for request_id, request in zip(request_ids, requests):
-            self.llm_engine.add_beam_search(request_id, {"prompt": request.prompt,
-                                                         "prompt_token_ids": request.prompt_token_ids}, params)
-        return self._run(request_ids, use_tqdm)
+        # Validate everything before queueing anything, as generate() does.
+        requests = [self.llm_engine.make_beam_request(str(next(self._ids)), p, params) for p in prompts]
+        for request in requests:
+            self.llm_engine.add(request)
+        return self._run([r.request_id for r in requests], use_tqdm)
 
     def encode_chat(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         return encode_chat(self.llm_engine.tokenizer, messages, add_generation_prompt)
