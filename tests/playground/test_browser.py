@@ -96,17 +96,6 @@ def server(tmp_path_factory):
     log.close()
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"uncaught errors in the page: {errors}"
-
-
 def set_param(page, name: str, value: str) -> None:
     """Fill one sampling control (opening "More options" when it lives there)."""
     field = page.locator(f'#params [name="{name}"]')

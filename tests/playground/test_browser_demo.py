@@ -20,17 +20,6 @@ def server(tmp_path_factory):
     live.stop()
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert errors == [], f"uncaught errors in the page: {errors}"
-
-
 def test_eight_simulated_users_stream_and_memory_rises(server, page):
     page.goto(f"{server.base_url}/demo/")
     page.wait_for_selector('#conn[data-status="open"]')
