@@ -46,7 +46,8 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
     full = False  # full snapshots (a watch lease) rather than summaries
 
     def allowed(self, user: Any) -> bool:
-        raise NotImplementedError
+        """Who may watch; each feed says. The base lets no one in (fail closed)."""
+        return False
 
     async def connect(self) -> None:
         if not self.allowed(self.scope.get("user")):
