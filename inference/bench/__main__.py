@@ -25,7 +25,7 @@ from inference.bench.engines.base import EngineRun, RunConfig
 from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
-ENGINES = ("ours", "hf_static", "hf_continuous", "llamacpp")
+ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp")
 EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
@@ -138,8 +138,8 @@ def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], p
         if name == "hf_continuous" and not hf_continuous.available():
             result["skipped"][name] = "this transformers version has no continuous batching"
             continue
-        runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_continuous": hf_continuous.run,
-                  "llamacpp": llamacpp.run}[name]
+        runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_static_maxlen": hf_static.run_max_length,
+                  "hf_continuous": hf_continuous.run, "llamacpp": llamacpp.run}[name]
         with stages.time(f"chat:{name}"):
             runs[name] = runner(chat, config, progress=progress)
             result["engines"][name] = runs[name].figures(config)

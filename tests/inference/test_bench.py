@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,8 +170,9 @@ def quick_result(tmp_path_factory):
 def test_quick_run_has_every_figure_for_every_engine(quick_result):
     result, _ = quick_result
     engines, workload = result["engines"], result["workload"]
-    assert {"ours", "hf_static", "hf_continuous"} <= set(engines)
-    assert set(engines) | set(result["skipped"]) == {"ours", "hf_static", "hf_continuous", "llamacpp"}
+    assert {"ours", "hf_static", "hf_static_maxlen", "hf_continuous"} <= set(engines)
+    assert set(engines) | set(result["skipped"]) == {"ours", "hf_static", "hf_static_maxlen", "hf_continuous",
+                                                     "llamacpp"}
     for name, fig in engines.items():
         missing = [k for k in ENGINE_KEYS if k not in fig]
         assert not missing, f"{name} lacks {missing}"
@@ -186,6 +188,10 @@ def test_quick_run_has_every_figure_for_every_engine(quick_result):
     ours, static = engines["ours"], engines["hf_static"]
     assert ours["prompt_tokens_computed"] <= workload["prompt_tokens"]  # no padding, maybe cache hits
     assert static["prompt_tokens_computed"] >= workload["prompt_tokens"]  # padding is computed too
+    # Reserving max_model_len per row fits fewer rows in the same budget than reserving the longest row.
+    maxlen_rows = result["config"]["kv_budget_tokens"] // result["config"]["max_model_len"]
+    assert engines["hf_static_maxlen"]["max_concurrent_requests"] == min(maxlen_rows, workload["num_requests"])
+    assert engines["hf_static_maxlen"]["max_concurrent_requests"] <= static["max_concurrent_requests"]
     assert ours["num_preemptions"] >= 0 and 0 <= ours["prefix_cache_hit_rate"] <= 1
     assert set(result["ratios"]) == set(engines) - {"ours"}
 
@@ -228,7 +234,7 @@ def test_report_renders_a_saved_result(quick_result, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
-    assert "| figure | ours | hf_static | hf_continuous |" in text
+    assert "| figure | ours | hf_static | hf_static_maxlen | hf_continuous |" in text
     assert "### targets" in text and ("met" in text or "MISSED" in text)
     assert f"{result['engines']['ours']['output_tokens_per_s']:.1f}" in text
 
@@ -240,3 +246,5 @@ def test_static_batch_never_outgrows_the_budget(tokenizer):
     longest_prompt = max(r.num_prompt_tokens for r in w.requests)
     longest_output = max(r.max_tokens for r in w.requests)
     assert rows * (longest_prompt + longest_output) <= 4096 < (rows + 1) * (longest_prompt + longest_output)
+    # The seeds' reservation: every row holds room for max_model_len tokens.
+    assert static_batch_size(w, replace(config, max_model_len=1024), max_length=True) == 4

@@ -1,8 +1,15 @@
 """The seeds' baseline: HF transformers `generate` in static padded batches with a contiguous cache.
 
-The batch size is what the shared KV budget allows when every row must be able to reach the workload's
-longest padded row (`budget // (longest prompt + longest output)`): a static server cannot know its batch's
-lengths in advance. Each batch is left-padded to its longest prompt and runs until its longest output is done;
+The batch size is what the shared KV budget allows when every row reserves contiguous room for the longest
+sequence it may become, since a static server cannot know its batch's lengths in advance. Two reservations
+are measured, as two engines:
+
+- `hf_static`: each row reserves the workload's longest padded row (`longest prompt + longest max_tokens`),
+  the most generous sizing a server that knows its whole workload could choose;
+- `hf_static_maxlen`: each row reserves `max_model_len`, the seeds' description of contiguous allocation
+  (the cache of a sequence is pre-allocated for the longest sequence the model accepts).
+
+Both run the same `generate` calls; only the rows per batch differ. Each batch is left-padded to its longest prompt and runs until its longest output is done;
 rows that asked for fewer tokens keep computing (their extra tokens are discarded and not counted). A batch
 starts when the previous one returns, with whatever requests have arrived by then.
 """
@@ -22,6 +29,7 @@ from inference.bench.stats import RequestTiming
 from inference.bench.workloads import BenchRequest, Workload
 
 NAME = "hf_static"
+MAXLEN_NAME = "hf_static_maxlen"
 
 
 class StepClock(StoppingCriteria):
@@ -39,9 +47,14 @@ def load_model(config: RunConfig) -> Any:
     return AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32).eval()
 
 
-def static_batch_size(workload: Workload, config: RunConfig) -> int:
-    """How many rows of the workload's longest padded row fit in the KV budget (at least 1)."""
-    return max(1, config.kv_budget_tokens // workload.padded_row_len)
+def reserved_row_len(workload: Workload, config: RunConfig, max_length: bool = False) -> int:
+    """Token slots each row reserves: `max_model_len`, or the workload's longest padded row."""
+    return config.max_model_len if max_length else workload.padded_row_len
+
+
+def static_batch_size(workload: Workload, config: RunConfig, max_length: bool = False) -> int:
+    """How many reserved rows fit in the KV budget (at least 1)."""
+    return max(1, config.kv_budget_tokens // reserved_row_len(workload, config, max_length))
 
 
 def generate_padded(model: Any, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> tuple[StepClock, int]:
@@ -56,19 +69,27 @@ def generate_padded(model: Any, prompts: list[list[int]], max_new_tokens: int, p
     return clock, width
 
 
-def run(workload: Workload, config: RunConfig, model: Any | None = None, progress: bool = False) -> EngineRun:
+def run_max_length(workload: Workload, config: RunConfig, progress: bool = False) -> EngineRun:
+    """The same baseline with every row reserving `max_model_len` (the seeds' contiguous allocation)."""
+    return run(workload, config, progress=progress, max_length=True)
+
+
+def run(workload: Workload, config: RunConfig, model: Any | None = None, progress: bool = False,
+        max_length: bool = False) -> EngineRun:
     if any(r.n > 1 or r.beam_width > 1 for r in workload.requests):
         raise ValueError("the HF static baseline runs single-sample workloads only")
     model = model or load_model(config)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     generate_padded(model, [list(range(1000, 1040))], 4, pad_id)  # warm-up, outside the timings
-    batch_size = static_batch_size(workload, config)
+    name = MAXLEN_NAME if max_length else NAME
+    row_len = reserved_row_len(workload, config, max_length)
+    batch_size = static_batch_size(workload, config, max_length)
     clock = ArrivalClock(workload.requests)
     queue: list[BenchRequest] = []
     timings: list[RequestTiming] = []
     batches: list[StaticBatch] = []
     computed_prompt = wasted_tokens = 0
-    bar = tqdm(total=workload.total_output_tokens, desc=f"{NAME}:{workload.kind}", unit="tok",
+    bar = tqdm(total=workload.total_output_tokens, desc=f"{name}:{workload.kind}", unit="tok",
                disable=not progress, leave=False)
     while clock.pending or queue:
         queue.extend(clock.due())
@@ -89,7 +110,7 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
         bar.update(sum(r.max_tokens for r in batch))
     cpu_s = clock.cpu_seconds()
     bar.close()
-    prealloc = contiguous_timeline(batches, reserve_len=workload.padded_row_len)
+    prealloc = contiguous_timeline(batches, reserve_len=row_len)
     counters = {
         "num_preemptions": 0,  # a static batch never over-admits, so it never preempts
         "prefix_cache_hit_rate": 0.0,  # no prefix cache
@@ -102,6 +123,7 @@ def run(workload: Workload, config: RunConfig, model: Any | None = None, progres
         "wasted_decode_tokens": wasted_tokens,
         "kv_slot_utilization_avg_prealloc": prealloc.summary(config.geometry, config.block_size)["kv_slot_utilization_avg"],
     }
-    notes = [f"static batches of {batch_size} = KV budget {config.kv_budget_tokens} // longest padded row "
-             f"{workload.padded_row_len}; KV figures reconstructed from the padded cache layout and token times"]
-    return EngineRun(NAME, clock.start, timings, contiguous_timeline(batches), counters, notes, extra, cpu_s)
+    notes = [f"static batches of {batch_size} = KV budget {config.kv_budget_tokens} // reserved row {row_len} "
+             f"({'max_model_len' if max_length else 'longest padded row'}); KV figures reconstructed from the "
+             f"padded cache layout and token times"]
+    return EngineRun(name, clock.start, timings, contiguous_timeline(batches), counters, notes, extra, cpu_s)
