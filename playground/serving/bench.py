@@ -63,18 +63,17 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
 
 
 class FinalsRecorder:
-    """Keeps each finished request's engine output (token ids and per-token times) as the worker streams it."""
+    """Keeps each finished request's engine output (token ids and per-token times) as the worker ends it."""
 
     def __init__(self, service: EngineService) -> None:
         self.finals: dict[str, Any] = {}
-        original = service.stream
+        original = service.result
 
-        def stream(engine_stream, send, interval):
-            done = original(engine_stream, send, interval)
-            self.finals[engine_stream.request_id] = engine_stream.final
-            return done
+        def result(stream):
+            self.finals[stream.request_id] = stream.final
+            return original(stream)
 
-        service.stream = stream
+        service.result = result
 
 
 async def _client(ws_url: str, origin: str, chat: list[dict], params: dict) -> tuple[str, list[tuple[float, int]], int]:

@@ -1,18 +1,37 @@
-"""Coalescing of engine deltas into few channel-layer messages.
+"""One publisher per worker: the text of every live request, coalesced into few channel-layer messages.
 
-A fast engine emits a delta per sequence per step; sending each one would fill the channel's capacity,
-past which Channels drops messages silently. Here the first text goes out at once, then at most one message
-per `interval`, carrying everything that arrived meanwhile, per sample index, numbered by `seq`. Text never
-waits longer than `interval` to be sent.
+A fast engine emits a delta per sequence per step; sending each one would fill the channel's capacity, past
+which Channels drops messages silently. And a thread per request blocking on its stream, hopping into the
+event loop per message, costs the engine loop thread the GIL. So one coroutine on the worker's event loop
+serves all requests: it drains every live stream without blocking and sends, per request, its first text at
+once, then at most one `gen.tokens` message per `interval` carrying everything that arrived meanwhile, per
+sample index, numbered by `seq` (docs/protocol.md). When a stream ends its last text goes out at once, and
+only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
 
-It runs in the thread that serves the request (a Celery task thread), reading the engine's blocking
-stream, so no event loop is tied up waiting for tokens.
+The engine's streams cannot wake a coroutine, so the publisher polls them: every POLL_S while some request
+may send (its interval since its last message has passed), else when the first one may. It wakes at once for
+a new request and does not run while no request is live. Text so waits at most `interval` + POLL_S.
 """
-import itertools
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
 import queue
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from channels.layers import get_channel_layer
+
+from .bridge import LoopBridge
+from .naming import request_group
+
+POLL_S = 0.005
+SEND_TIMEOUT_S = 10.0
+
+Chunk = dict[str, Any]  # {"index", "seq", "text"}
+GroupSend = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's group_send
 
 
 class Delta(Protocol):
@@ -25,33 +44,96 @@ class DeltaSource(Protocol):
         """Next delta; None once the stream has ended; raises queue.Empty after `timeout` seconds."""
 
 
-Chunk = dict[str, Any]  # {"index", "seq", "text"}
+@dataclass(eq=False)
+class _Request:
+    request_id: str
+    source: DeltaSource
+    finished: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+    pending: dict[int, list[str]] = field(default_factory=dict)  # unsent text per sample index
+    seq: int = 0  # the next chunk's number
+    last_send: float = float("-inf")
+    ended: bool = False
+
+    def drain(self) -> None:
+        """Take every delta already in the stream, without waiting."""
+        while not self.ended:
+            try:
+                delta = self.source.get(timeout=0)
+            except queue.Empty:
+                return
+            if delta is None:
+                self.ended = True
+            elif delta.text:
+                self.pending.setdefault(delta.index, []).append(delta.text)
+
+    def take_chunks(self) -> list[Chunk]:
+        chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts)}
+                  for k, (i, parts) in enumerate(sorted(self.pending.items()))]  # fmt: skip
+        self.seq += len(chunks)
+        self.pending.clear()
+        return chunks
 
 
-def pump(source: DeltaSource, send: Callable[[list[Chunk]], None], interval: float) -> int:
-    """Forward the text of `source` through `send` until it ends; returns the number of chunks sent."""
-    pending: dict[int, list[str]] = {}
-    seq = itertools.count()
-    last_send = float("-inf")
+class TokenPublisher:
+    def __init__(self, bridge: LoopBridge, interval: float, group_send: GroupSend | None = None) -> None:
+        """Publish through `bridge`'s loop, at most one message per request per `interval` seconds, with
+        `group_send` (the default channel layer's unless given)."""
+        self.bridge = bridge
+        self.interval = interval
+        self._group_send = group_send
+        self._live: list[_Request] = []  # touched on the loop only
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
 
-    def flush() -> None:
-        nonlocal last_send
-        if pending:
-            send([{"index": i, "seq": next(seq), "text": "".join(parts)} for i, parts in sorted(pending.items())])
-            pending.clear()
-        last_send = time.monotonic()
+    def publish(self, request_id: str, source: DeltaSource) -> concurrent.futures.Future[int]:
+        """Stream `source`'s text to the request's group (call from any thread). The future resolves with the
+        number of chunks sent once the stream has ended and all its text was sent, or with the error of a
+        failed send; the request is then dropped (its owner aborts it), the other requests go on."""
+        request = _Request(request_id, source)
+        self.bridge.loop.call_soon_threadsafe(self._add, request)
+        return request.finished
 
-    while True:
-        timeout = max(0.0, last_send + interval - time.monotonic()) if pending else None
+    def _add(self, request: _Request) -> None:
+        self._live.append(request)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        group_send = self._group_send or get_channel_layer().group_send
+        loop = asyncio.get_running_loop()
+        while self._live:  # ends when no request is live; the next one starts it again
+            now = loop.time()
+            due = [request for request in self._live if self._ready(request, now)]
+            await asyncio.gather(*(self._flush(r, group_send, now) for r in due))
+            self._live = [r for r in self._live if not r.finished.done()]
+            if self._live:
+                delay = min(max(r.last_send + self.interval - now, POLL_S) for r in self._live)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+
+    def _ready(self, request: _Request, now: float) -> bool:
+        """Drain the request's stream; whether it has ended or has text it may send now. A stream that
+        raises fails its request alone."""
         try:
-            delta = source.get(timeout=timeout)
-        except queue.Empty:
-            flush()
-            continue
-        if delta is None:
-            flush()
-            return next(seq)
-        if delta.text:
-            pending.setdefault(delta.index, []).append(delta.text)
-        if pending and time.monotonic() - last_send >= interval:
-            flush()
+            request.drain()
+        except Exception as exc:
+            request.finished.set_exception(exc)
+            return False
+        return request.ended or bool(request.pending) and now - request.last_send >= self.interval
+
+    @staticmethod
+    async def _flush(request: _Request, group_send: GroupSend, now: float) -> None:
+        """Send the request's unsent text; resolve its future if its stream has ended."""
+        try:
+            if request.pending:
+                message = {"type": "gen.tokens", "request_id": request.request_id, "chunks": request.take_chunks()}
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    await group_send(request_group(request.request_id), message)
+                request.last_send = now
+            if request.ended:
+                request.finished.set_result(request.seq)
+        except Exception as exc:
+            request.finished.set_exception(exc)

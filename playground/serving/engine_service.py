@@ -1,4 +1,4 @@
-"""The one place that talks to `inference.StreamingEngine`: load, submit, stream, abort, metrics.
+"""The one place that talks to `inference.StreamingEngine`: load, submit, result, abort, metrics.
 
 A GPU worker (Celery, or the embedded in-process one) owns one EngineService. `inference` (and so torch) is
 imported only when the engine loads, so importing this module costs the web process nothing.
@@ -9,8 +9,6 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from . import coalesce
 
 if TYPE_CHECKING:
     from inference import RequestOutput, RequestStream, StreamingEngine
@@ -88,12 +86,9 @@ class EngineService:
             prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
         )
 
-    def stream(
-        self, stream: RequestStream, send: Callable[[list[coalesce.Chunk]], None], interval: float
-    ) -> dict[str, Any]:
-        """Forward the request's text through `send` (coalesced), then return its `done` payload:
-        outputs, usage and timing (docs/protocol.md). Raises EngineUnavailable if the engine failed it."""
-        coalesce.pump(stream, send, interval)
+    def result(self, stream: RequestStream) -> dict[str, Any]:
+        """The `done` payload of a stream that has ended: outputs, usage and timing (docs/protocol.md).
+        Raises EngineUnavailable if the engine failed the request."""
         if stream.error is not None or stream.final is None:
             raise EngineUnavailable(stream.error or "the request ended without a result")
         return summarize(stream.final, self._decode_token)

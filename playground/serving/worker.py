@@ -2,8 +2,10 @@
 
 Celery starts it through the `worker_init` signal (CLI workers and the embedded in-process worker alike).
 Nothing here blocks Celery: the model loads in its own thread, and tasks wait for it. Each Celery task
-thread serves one request through `WorkerRuntime.serve`, which streams coalesced deltas to the request's
-channel-layer group and finishes with `gen.done` (or `gen.error`).
+thread serves one request through `WorkerRuntime.serve`: it submits the request and hands the stream to the
+worker's one token publisher (coalesce.py), which sends the coalesced deltas to the request's channel-layer
+group from the event loop; once the publisher has sent the last text, the thread sends `gen.done` (or
+`gen.error`).
 
 Messages sent to group `req.<request_id>` (handled by playground.chat.consumers.ChatConsumer):
 `gen.accepted` {request_id, worker}, `gen.tokens` {request_id, chunks: [{index, seq, text}]},
@@ -29,6 +31,7 @@ from playground.dashboard.publisher import SnapshotPublisher
 
 from . import registry
 from .bridge import LoopBridge
+from .coalesce import TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
 from .naming import CONTROL_GROUP, request_group, worker_queue
 
@@ -52,6 +55,7 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         self._abort_listener: Future | None = None
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
+        self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -139,7 +143,8 @@ class WorkerRuntime:
         cache_salt: str | None,
         prompt: str | None = None,
     ) -> None:
-        """Run one request to its end, streaming to its group (blocking: runs in a Celery task thread)."""
+        """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
+        a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
         group = request_group(request_id)
         layer = get_channel_layer()
 
@@ -162,11 +167,8 @@ class WorkerRuntime:
             send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
             return
         try:
-            done = self.service.stream(
-                stream,
-                lambda chunks: send({"type": "gen.tokens", "chunks": chunks}),
-                settings.PLAYGROUND_COALESCE_MS / 1000,
-            )
+            self.tokens.publish(request_id, stream).result()
+            done = self.service.result(stream)
         except Exception as exc:
             logger.exception("request %s failed", request_id)
             self.service.abort(request_id)

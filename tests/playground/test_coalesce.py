@@ -1,10 +1,15 @@
-"""Coalescing engine deltas: first text at once, then batches at most every interval, nothing lost."""
+"""The worker's token publisher: first text at once, then few messages per request, nothing lost, `seq`
+contiguous, the future resolved only after the last text went out, and one request's failure its own."""
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
-from playground.serving.coalesce import pump
+import pytest
+
+from playground.serving.bridge import LoopBridge
+from playground.serving.coalesce import TokenPublisher
+from playground.serving.naming import request_group
 
 
 @dataclass
@@ -14,7 +19,7 @@ class D:
 
 
 class TimedSource:
-    """Yields scripted deltas at given offsets (seconds from the first get), then ends."""
+    """Yields scripted deltas at given offsets (seconds from its creation), then ends."""
 
     def __init__(self, script: list[tuple[float, D]]) -> None:
         self.q: queue.Queue = queue.Queue()
@@ -32,42 +37,113 @@ class TimedSource:
         return self.q.get(timeout=timeout)
 
 
-def run(script, interval):
-    sent = []
-    count = pump(TimedSource(script), lambda chunks: sent.append((time.monotonic(), chunks)), interval)
-    return sent, count
+class Recorder:
+    """A channel layer's group_send that keeps (time, group, message); fails for the groups in `failing`."""
+
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        self.sent: list[tuple[float, str, dict]] = []
+        self.failing = failing
+
+    async def __call__(self, group: str, message: dict) -> None:
+        if group in self.failing:
+            raise ConnectionError("layer down")
+        self.sent.append((time.monotonic(), group, message))
+
+    def messages(self, request_id: str) -> list[tuple[float, dict]]:
+        return [(at, message) for at, group, message in self.sent if group == request_group(request_id)]
 
 
-def test_burst_is_coalesced_and_text_is_complete():
+@pytest.fixture
+def bridge():
+    bridge = LoopBridge()
+    bridge.start()
+    yield bridge
+    bridge.stop()
+
+
+def publish(bridge, scripts: dict[str, list], interval: float, send: Recorder | None = None):
+    """Publish one scripted stream per request id; returns the recorder and each request's future."""
+    send = send or Recorder()
+    publisher = TokenPublisher(bridge, interval, send)
+    futures = {request_id: publisher.publish(request_id, TimedSource(script)) for request_id, script in scripts.items()}
+    for future in futures.values():
+        future.exception(timeout=5)  # wait for the end, whatever it is
+    return send, futures
+
+
+def chunks(messages) -> list[dict]:
+    return [chunk for _, message in messages for chunk in message["chunks"]]
+
+
+def test_burst_is_coalesced_and_text_is_complete(bridge):
     script = [(0.0, D(0, "a"))] + [(0.001 * i, D(0, str(i % 10))) for i in range(1, 200)]
-    sent, count = run(script, interval=0.05)
-    texts = "".join(c["text"] for _, chunks in sent for c in chunks)
-    assert texts == "a" + "".join(str(i % 10) for i in range(1, 200))
-    assert len(sent) < 20  # 200 deltas in ~0.2 s at one send per 50 ms
-    assert sent[0][1][0]["text"].startswith("a")
-    seqs = [c["seq"] for _, chunks in sent for c in chunks]
-    assert seqs == list(range(len(seqs))) and count == len(seqs)
-
-
-def test_sends_are_spaced_and_buffered_text_waits_at_most_one_interval():
-    script = [(0.0, D(0, "x")), (0.01, D(0, "y")), (0.5, D(0, "z"))]
     start = time.monotonic()
-    sent, _ = run(script, interval=0.1)
-    assert [c["text"] for _, chunks in sent for c in chunks] == ["x", "y", "z"]
+    send, futures = publish(bridge, {"r": script}, interval=0.05)
+    messages = send.messages("r")
+    assert "".join(c["text"] for c in chunks(messages)) == "a" + "".join(str(i % 10) for i in range(1, 200))
+    assert len(messages) < 20  # 200 deltas in ~0.2 s at one send per 50 ms
+    assert chunks(messages)[0]["text"].startswith("a") and messages[0][0] - start < 0.04  # the first at once
+    assert all(m["type"] == "gen.tokens" and m["request_id"] == "r" for _, m in messages)
+    seqs = [c["seq"] for c in chunks(messages)]
+    assert seqs == list(range(len(seqs))) and futures["r"].result() == len(seqs)
+
+
+def test_sends_are_spaced_and_buffered_text_waits_at_most_one_interval(bridge):
+    start = time.monotonic()
+    send, _ = publish(bridge, {"r": [(0.0, D(0, "x")), (0.01, D(0, "y")), (0.5, D(0, "z"))]}, interval=0.1)
+    messages = send.messages("r")
+    assert [c["text"] for c in chunks(messages)] == ["x", "y", "z"]
     # "y" arrived 10 ms after "x" was sent: it waits for the interval, not for the next delta at 0.5 s.
-    assert 0.08 <= sent[1][0] - start <= 0.3
+    assert 0.08 <= messages[1][0] - start <= 0.3
 
 
-def test_samples_are_kept_apart_by_index():
+def test_samples_are_kept_apart_by_index(bridge):
     script = [(0.0, D(0, "a")), (0.0, D(1, "b")), (0.001, D(1, "c")), (0.002, D(0, "d")), (0.003, D(2, ""))]
-    sent, _ = run(script, interval=0.05)
+    send, _ = publish(bridge, {"r": script}, interval=0.05)
     by_index: dict[int, str] = {}
-    for _, chunks in sent:
-        for c in chunks:
-            by_index[c["index"]] = by_index.get(c["index"], "") + c["text"]
+    for chunk in chunks(send.messages("r")):
+        by_index[chunk["index"]] = by_index.get(chunk["index"], "") + chunk["text"]
     assert by_index == {0: "ad", 1: "bc"}
 
 
-def test_empty_stream_sends_nothing():
-    sent, count = run([], interval=0.01)
-    assert sent == [] and count == 0
+def test_empty_stream_sends_nothing(bridge):
+    send, futures = publish(bridge, {"r": []}, interval=0.01)
+    assert send.sent == [] and futures["r"].result() == 0
+
+
+def test_many_streams_share_the_publisher_each_complete_in_its_own_group(bridge):
+    scripts = {f"r{n}": [(0.002 * i + 0.001 * n, D(0, f"{n}:{i};")) for i in range(100)] for n in range(16)}
+    send, futures = publish(bridge, scripts, interval=0.03)
+    for n in range(16):
+        messages = send.messages(f"r{n}")
+        assert "".join(c["text"] for c in chunks(messages)) == "".join(f"{n}:{i};" for i in range(100))
+        assert [c["seq"] for c in chunks(messages)] == list(range(len(messages)))
+        assert len(messages) < 20 and futures[f"r{n}"].result() == len(messages)
+
+
+def test_the_future_resolves_only_after_the_last_text_was_sent(bridge):
+    send = Recorder()
+    publisher = TokenPublisher(bridge, 0.05, send)
+    future = publisher.publish("r", TimedSource([(0.0, D(0, "a")), (0.01, D(0, "b")), (0.02, D(0, "c"))]))
+    seen_at_end: list[str] = []
+    future.add_done_callback(lambda _: seen_at_end.append("".join(c["text"] for c in chunks(send.messages("r")))))
+    future.result(timeout=5)
+    assert seen_at_end == ["abc"]
+
+
+def test_a_failing_send_or_stream_fails_only_its_request(bridge):
+    class Broken:
+        def get(self, timeout=None):
+            raise RuntimeError("stream broke")
+
+    send = Recorder(failing=(request_group("bad"),))
+    publisher = TokenPublisher(bridge, 0.02, send)
+    good = publisher.publish("good", TimedSource([(0.01 * i, D(0, "g")) for i in range(20)]))
+    bad = publisher.publish("bad", TimedSource([(0.0, D(0, "b"))]))
+    broken = publisher.publish("broken", Broken())
+    with pytest.raises(ConnectionError):
+        bad.result(timeout=5)
+    with pytest.raises(RuntimeError, match="stream broke"):
+        broken.result(timeout=5)
+    assert good.result(timeout=5) == len(send.messages("good"))
+    assert "".join(c["text"] for c in chunks(send.messages("good"))) == "g" * 20
