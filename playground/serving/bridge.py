@@ -1,7 +1,8 @@
 """One asyncio event loop per worker process, for all channel-layer traffic of its requests.
 
-Worker threads hand coroutines to this loop instead of calling `async_to_sync` per token. In the embedded
-mode the loop is daphne's own, because the in-memory channel layer only works inside one loop.
+Worker threads hand coroutines to this loop instead of calling `async_to_sync` per message, and the token
+publisher (coalesce.py) runs on it. In the embedded mode the loop is daphne's own, because the in-memory
+channel layer only works inside one loop.
 """
 import asyncio
 import concurrent.futures
