@@ -3,18 +3,22 @@
 Two runs of one greedy workload (N chats at once) on the same in-process engine:
   bare: the engine's streams read directly, no Celery, no channel layer, no websocket;
   web:  N websocket clients through the consumer, Celery task, coalescing and the channel layer.
+The web run's clients are asyncio clients in a separate process, as browsers would be: in the server's
+process they would take its GIL from the engine and the web path being measured.
 Reported: tokens/s of each, their ratio, and the delay from the engine emitting a token to a client
-receiving it (both clocks are this process's `perf_counter`; the engine's per-token times come from the
-finished requests, text offsets from the tokenizer).
+receiving it (the engine's per-token times come from the finished requests, text offsets from the
+tokenizer; both processes read `perf_counter`, which on Linux is the system-wide CLOCK_MONOTONIC).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import statistics
 import threading
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,13 +98,25 @@ async def _client(ws_url: str, origin: str, chat: list[dict], params: dict) -> t
                 raise RuntimeError(f"generation failed: {frame['message']}")
 
 
-def run_web(ws_url: str, origin: str, chats: list[list[dict]], params: dict) -> tuple[Run, list[tuple]]:
+def _clients(ws_url: str, origin: str, chats: list[list[dict]], params: dict) -> tuple[float, list[tuple]]:
+    """Every chat's client at once (in the clients' process); returns the seconds until the last `done`."""
+
     async def everyone():
         return await asyncio.gather(*(_client(ws_url, origin, chat, params) for chat in chats))
 
     start = time.perf_counter()
     results = asyncio.run(everyone())
-    return Run(sum(r[2] for r in results), time.perf_counter() - start), results
+    return time.perf_counter() - start, results
+
+
+def run_web(ws_url: str, origin: str, chats: list[list[dict]], params: dict) -> tuple[Run, list[tuple]]:
+    """The web run, its clients in a fresh process (spawned: forking this one, with the engine's and the
+    server's threads, could copy a lock some thread holds)."""
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
+        seconds, results = clients.submit(_clients, ws_url, origin, chats, params).result()
+    return Run(sum(r[2] for r in results), seconds), results
 
 
 def delivery_delays(results: list[tuple], finals: dict[str, Any], tokenizer) -> list[float]:
