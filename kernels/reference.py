@@ -1,9 +1,10 @@
 """Pure-torch reference implementations of the paged-attention ops.
 
 These define the semantics the Triton kernels must match, and they are also the CPU engine's hot path, so
-they are vectorised: the blocks a batch needs are gathered once (``index_select`` through the block tables)
-into a padded ``[num_seqs, max_ctx, kv_heads, head_dim]`` tensor and attention runs as one batched, masked
-SDPA call. Gathering copies K/V, which is exactly what the Triton kernels avoid; here it buys simplicity.
+they avoid padding: decode gathers one row per (sequence, block) through the block tables (``index_select``)
+and runs batched matmuls with a softmax summed across each sequence's blocks; prefill runs one causal SDPA
+call per prefilling sequence over exactly its context. Gathering copies K/V, which is exactly what the
+Triton kernels avoid; here it buys simplicity.
 
 KV cache layout per layer: ``key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]``.
 A token's slot is ``physical_block * block_size + offset``.
@@ -47,8 +48,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     out = validation.output_for(query, out)
     if query.shape[0] == 0:
         return out
-    mask = _positions(key_cache, context_lens)[None, None, :] < context_lens.long()[:, None, None]
-    out.copy_(_attend(query[:, None], key_cache, value_cache, block_tables, context_lens, mask, scale)[:, 0])
+    out.copy_(_decode_blockwise(query, key_cache, value_cache, block_tables, context_lens, scale))
     return out
 
 
@@ -77,17 +77,10 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
         rows = starts[single]
         out[rows] = paged_attention_decode(query[rows], key_cache, value_cache, block_tables[single],
                                            context_lens[single], scale)
-    multi = (q_lens > 1).nonzero()[:, 0]
-    if multi.numel():
-        lens = q_lens[multi]
-        offsets = torch.arange(int(lens.max()), device=query.device)
-        valid = offsets[None, :] < lens[:, None]                               # [m, max_q]
-        rows = torch.where(valid, starts[multi, None] + offsets, 0)            # padded query rows -> row 0
-        ctx = context_lens[multi].long()
-        positions = ctx[:, None] - lens[:, None] + offsets                     # [m, max_q]
-        mask = _positions(key_cache, ctx)[None, None, :] <= positions[:, :, None]
-        res = _attend(query[rows], key_cache, value_cache, block_tables[multi], ctx, mask, scale)
-        out[rows[valid]] = res[valid]
+    for seq in (q_lens > 1).nonzero()[:, 0].tolist():
+        start, q_len = int(starts[seq]), int(q_lens[seq])
+        out[start:start + q_len] = _prefill_one(query[start:start + q_len], key_cache, value_cache,
+                                                block_tables[seq], int(context_lens[seq]), scale)
     return out
 
 
@@ -106,48 +99,64 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
         value_cache.index_copy_(0, dst, value_cache.index_select(0, src))
 
 
-def _attend(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, context_lens: Tensor,
-            mask: Tensor, scale: float) -> Tensor:
-    """Masked attention of padded queries ``[S, Q, heads, D]`` over each sequence's gathered K/V.
+def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                      context_lens: Tensor, scale: float) -> Tensor:
+    """Decode attention block by block, as PagedAttention computes it: no padding to the longest context.
 
-    ``mask: [S, Q, max_ctx]`` (True = attend), where max_ctx covers the longest context rounded up to whole
-    blocks. Computes in float32 (float64 stays float64), returns the query's dtype; fully masked rows are 0.
+    Every (sequence, logical block) pair that holds context becomes one row: its physical block's K/V are
+    gathered as ``[pairs, block_size, kv_heads * D]``, scores are taken per pair, and the softmax is summed
+    across each sequence's pairs (max, exp, sums by ``index_add``). Query head h of group k reads KV head k:
+    grouping the query heads per KV head would need K/V transposed (a copy as large as the gather), so the
+    query is multiplied as a block-diagonal ``[heads, kv_heads * D]`` matrix instead, which costs kv_heads x
+    the (small) score FLOPs and copies nothing. Computes in float32 (float64 stays float64).
     """
+    num_seqs, num_heads, head_dim = query.shape
+    kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     compute = torch.promote_types(query.dtype, torch.float32)
-    keys = _gather(key_cache, block_tables, context_lens).to(compute)        # [S, L, kv_heads, D]
-    values = _gather(value_cache, block_tables, context_lens).to(compute)
-    out = F.scaled_dot_product_attention(
-        query.to(compute).transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=True)                # [S, heads, Q, D]
-    out = out.transpose(1, 2)
-    out = torch.where(mask.any(-1)[:, :, None, None], out, 0.0)
-    return out.to(query.dtype)
+    device = query.device
+    ctx = context_lens.long()
+    blocks_held = -(-ctx // block_size)
+    seq, logical = (torch.arange(int(blocks_held.max()), device=device) < blocks_held[:, None]).nonzero(as_tuple=True)
+    physical = block_tables[seq, logical].long()
+    keys = key_cache.flatten(1).index_select(0, physical).view(-1, block_size, kv_heads * head_dim).to(compute)
+    values = value_cache.flatten(1).index_select(0, physical).view(-1, block_size, kv_heads * head_dim).to(compute)
+    past_context = logical[:, None] * block_size + torch.arange(block_size, device=device) >= ctx[seq, None]
+    values[past_context.nonzero(as_tuple=True)] = 0  # the last block's tail may hold anything, even NaN
+
+    eye = torch.eye(kv_heads, dtype=compute, device=device)
+    grouped = query.to(compute).view(num_seqs, kv_heads, -1, head_dim) * scale
+    block_diagonal = torch.einsum("skgd,kj->skgjd", grouped, eye).reshape(num_seqs, num_heads, -1)
+    scores = torch.bmm(block_diagonal[seq], keys.transpose(1, 2))                       # [pairs, heads, block]
+    scores.masked_fill_(past_context[:, None], float("-inf"))
+    seq_max = torch.full((num_seqs, num_heads), float("-inf"), dtype=compute, device=device)
+    seq_max.scatter_reduce_(0, seq[:, None].expand(-1, num_heads), scores.amax(-1), "amax")
+    weights = torch.exp(scores - seq_max[seq][..., None])
+    total = torch.zeros(num_seqs, num_heads, dtype=compute, device=device).index_add_(0, seq, weights.sum(-1))
+    mixed = torch.zeros(num_seqs, num_heads, kv_heads * head_dim, dtype=compute, device=device)
+    mixed.index_add_(0, seq, torch.bmm(weights, values))
+    own_head = mixed.view(num_seqs, kv_heads, -1, kv_heads, head_dim).diagonal(dim1=1, dim2=3)  # [S, g, D, kv]
+    attended = own_head.permute(0, 3, 1, 2).reshape(num_seqs, num_heads, head_dim) / total[..., None]
+    return torch.where((ctx > 0)[:, None, None], attended, 0.0).to(query.dtype)  # empty context: 0, not NaN
 
 
-def _gather(cache: Tensor, block_tables: Tensor, context_lens: Tensor) -> Tensor:
-    """The blocks covering each sequence's context, as ``[S, num_blocks * block_size, kv_heads, D]``.
 
-    Only the blocks the longest context needs are read; table entries past a sequence's own context are
-    padding (possibly garbage) and are replaced by block 0 so they never index out of range. Slots past the
-    context are zeroed: they may hold anything (even NaN), and a masked score still multiplies its value.
+def _prefill_one(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor, context_len: int,
+                 scale: float) -> Tensor:
+    """Causal attention of one sequence's ``q_len`` new tokens over its ``context_len`` cached tokens.
+
+    One SDPA call per prefilling sequence: a step holds few of them, and unpadded calls neither compute
+    attention for padding nor read a slot past the context (which may hold anything, even NaN).
     """
-    block_size = cache.shape[1]
-    num_blocks = _padded_length(context_lens, block_size) // block_size
-    needed = torch.arange(num_blocks, device=cache.device) * block_size < context_lens.long()[:, None]
-    table = torch.where(needed, block_tables[:, :num_blocks].long(), 0)
-    gathered = cache.index_select(0, table.flatten()).view(table.shape[0], num_blocks * block_size,
-                                                            *cache.shape[2:])
-    past_context = torch.arange(num_blocks * block_size, device=cache.device) >= context_lens.long()[:, None]
-    gathered[past_context.nonzero(as_tuple=True)] = 0  # integer indices: touches only those slots
-    return gathered
-
-
-def _positions(key_cache: Tensor, context_lens: Tensor) -> Tensor:
-    """Token positions ``0..L-1``, L as in ``_padded_length``: the columns of the gathered K/V."""
-    return torch.arange(_padded_length(context_lens, key_cache.shape[1]), device=key_cache.device)
-
-
-def _padded_length(context_lens: Tensor, block_size: int) -> int:
-    """The longest context rounded up to whole blocks (at least one block, so shapes are never empty)."""
-    longest = int(context_lens.max()) if context_lens.numel() else 0
-    return max(1, -(-longest // block_size)) * block_size
+    block_size = key_cache.shape[1]
+    q_len = query.shape[0]
+    compute = torch.promote_types(query.dtype, torch.float32)
+    blocks = block_table[: -(-context_len // block_size)].long()
+    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len].to(compute)     # [ctx, kv_heads, D]
+    values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len].to(compute)
+    # New token i sits at position context_len - q_len + i and sees positions 0..that one.
+    positions = torch.arange(context_len - q_len, context_len, device=query.device)
+    mask = torch.arange(context_len, device=query.device)[None, :] <= positions[:, None]  # [q_len, ctx]
+    out = F.scaled_dot_product_attention(
+        query.to(compute).transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=mask, scale=scale, enable_gqa=True)                                   # [1, heads, q_len, D]
+    return out[0].transpose(0, 1).to(query.dtype)

@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also write the result object here, after every stage (a crash keeps what finished)")
     p.add_argument("--chat-max-output", type=int, help="longest chat output (default 128, the issue's upper "
                    "bound is 256: costly on 2 shared cores)")
+    p.add_argument("--chat-requests", type=int, help="number of chat requests (default 64; the llama.cpp "
+                   "target is stated at 16 concurrent requests)")
     p.add_argument("--report", type=Path, metavar="JSON",
                    help="print the text report of a saved --json result instead of running anything")
     args = p.parse_args(argv)
@@ -166,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = mode.specs["chat"]
     if args.chat_max_output:
         spec = replace(spec, output_tokens=(min(spec.output_tokens[0], args.chat_max_output), args.chat_max_output))
+    if args.chat_requests:
+        spec = replace(spec, num_requests=args.chat_requests)
     chat = load_or_build("chat", args, mode, tokenizer, spec=spec, arrival=args.arrival, rate=args.rate)
     result: dict[str, Any] = {
         "mode": mode.name,
