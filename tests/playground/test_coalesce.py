@@ -147,3 +147,18 @@ def test_a_failing_send_or_stream_fails_only_its_request(bridge):
         broken.result(timeout=5)
     assert good.result(timeout=5) == len(send.messages("good"))
     assert "".join(c["text"] for c in chunks(send.messages("good"))) == "g" * 20
+
+
+def test_streams_are_polled_once_per_interval_after_their_first_text(bridge):
+    class Counting(TimedSource):
+        polls = 0
+
+        def get(self, timeout=None):
+            self.polls += 1
+            return super().get(timeout)
+
+    source = Counting([(0.0, D(0, "a")), (0.5, D(0, "b"))])
+    send = Recorder()
+    TokenPublisher(bridge, 0.05, send).publish("r", source).result(timeout=5)
+    assert [c["text"] for c in chunks(send.messages("r"))] == ["a", "b"]
+    assert source.polls < 0.5 / 0.05 + 8  # about one empty poll per interval while waiting for "b"
