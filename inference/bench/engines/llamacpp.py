@@ -3,7 +3,8 @@
 Skipped with a note when `llama_cpp` is not importable: PyPI ships it as a source package that compiles
 llama.cpp, which may not finish on a small machine. Its high-level `Llama` object holds one sequence, so
 requests are served one after another (greedy, EOS ignored) in a context of `max_model_len` tokens that is
-allocated once: that fixed pool is its KV reservation.
+allocated once: that fixed pool is its KV reservation. It gets as many threads as torch uses for our engine
+(llama-cpp-python's own default is half the cores).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib.util
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from inference.bench.engines.base import ArrivalClock, EngineRun, RunConfig
@@ -51,8 +53,9 @@ def run(workload: Workload, config: RunConfig, progress: bool = False) -> Engine
     gguf = gguf_path()
     if gguf is None:
         raise RuntimeError(unavailable_reason())
+    threads = config.threads or torch.get_num_threads()
     llm = Llama(model_path=str(gguf), n_ctx=config.max_model_len, n_batch=config.max_num_batched_tokens,
-                seed=config.seed, verbose=False)
+                n_threads=threads, n_threads_batch=threads, seed=config.seed, verbose=False)
     _generate(llm, list(range(1000, 1040)), 4)  # warm-up, outside the timings
     clock = ArrivalClock(workload.requests)
     timings, spans, queue = [], [], []
