@@ -85,6 +85,7 @@ class WorkerRuntime:
             logger.exception("could not remove the worker's heartbeat")
         self.service.shutdown()
         self.bridge.stop()
+        gc.unfreeze()  # let the interpreter's last collection free them (triton's bindings report leaks otherwise)
 
     def heartbeat(self) -> dict[str, Any]:
         return {
