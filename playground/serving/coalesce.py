@@ -30,6 +30,7 @@ from .naming import request_group
 
 POLL_S = 0.005
 SEND_TIMEOUT_S = 10.0
+LOOP_CHECK_S = 1.0  # a waiting task thread checks this often that the loop still runs
 
 Chunk = dict[str, Any]  # {"index", "seq", "text"}
 GroupSend = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's group_send
@@ -93,6 +94,17 @@ class TokenPublisher:
         request = _Request(request_id, source)
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
+
+    def stream(self, request_id: str, source: DeltaSource) -> int:
+        """`publish`, then wait for the future in the calling thread (a task thread). Raises RuntimeError if the
+        loop stops meanwhile (the worker is shutting down), so the task ends instead of holding the shutdown."""
+        finished = self.publish(request_id, source)
+        while True:
+            try:
+                return finished.result(timeout=LOOP_CHECK_S)
+            except concurrent.futures.TimeoutError:
+                if not self.bridge.loop.is_running():
+                    raise RuntimeError("the worker's event loop stopped") from None
 
     def _add(self, request: _Request) -> None:
         self._live.append(request)

@@ -177,7 +177,7 @@ class WorkerRuntime:
             send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
             return
         try:
-            self.tokens.publish(request_id, stream).result()
+            self.tokens.stream(request_id, stream)
             done = self.service.result(stream)
         except Exception as exc:
             logger.exception("request %s failed", request_id)

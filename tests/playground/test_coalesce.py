@@ -162,3 +162,24 @@ def test_streams_are_polled_once_per_interval_after_their_first_text(bridge):
     TokenPublisher(bridge, 0.05, send).publish("r", source).result(timeout=5)
     assert [c["text"] for c in chunks(send.messages("r"))] == ["a", "b"]
     assert source.polls < 0.5 / 0.05 + 8  # about one empty poll per interval while waiting for "b"
+
+
+def test_a_waiting_task_gives_up_when_the_loop_stops():
+    bridge = LoopBridge()
+    bridge.start()
+    publisher = TokenPublisher(bridge, 0.02, Recorder())
+    endless = TimedSource([(0.0, D(0, "a")), (60.0, D(0, "b"))])
+    outcome: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            publisher.stream("r", endless)
+        except RuntimeError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=task)
+    thread.start()
+    time.sleep(0.1)
+    bridge.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and "loop stopped" in str(outcome[0])

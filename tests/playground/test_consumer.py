@@ -35,16 +35,20 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
     runtime.start()
     await asyncio.to_thread(service.wait_ready, 10)
     submitted: list[dict] = []
+    tasks: list[threading.Thread] = []
 
     def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
         submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
-        threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt), daemon=True).start()
+        tasks.append(threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt), daemon=True))
+        tasks[-1].start()
         return GPU_QUEUE
 
     monkeypatch.setattr(dispatch, "submit", submit)
     try:
         yield engine, submitted
     finally:
+        for task in tasks:  # their last messages go through this test's loop: let them finish while it runs
+            await asyncio.to_thread(task.join, 5)
         await asyncio.to_thread(runtime.stop)
 
 
