@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "bound is 256: costly on 2 shared cores)")
     p.add_argument("--chat-requests", type=int, help="number of chat requests (default 64; the llama.cpp "
                    "target is stated at 16 concurrent requests)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="precision of ours and the HF engines (llama.cpp runs its GGUF's own weights)")
     p.add_argument("--report", type=Path, metavar="JSON",
                    help="print the text report of a saved --json result instead of running anything")
     args = p.parse_args(argv)
@@ -158,13 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     began = time.time()
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    geometry = KVGeometry.from_hf_config(AutoConfig.from_pretrained(model_path))
+    geometry = KVGeometry.from_hf_config(AutoConfig.from_pretrained(model_path), args.dtype)
     kv_blocks = args.kv_blocks or mode.kv_blocks
     args.max_model_len = args.max_model_len or mode.max_model_len
     config = RunConfig(model_path=model_path, geometry=geometry, block_size=args.block_size,
                        kv_budget_tokens=kv_blocks * args.block_size, max_model_len=args.max_model_len,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       seed=args.seed)
+                       seed=args.seed, dtype=args.dtype)
     spec = mode.specs["chat"]
     if args.chat_max_output:
         spec = replace(spec, output_tokens=(min(spec.output_tokens[0], args.chat_max_output), args.chat_max_output))
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "mode": mode.name,
         "machine": machine(),
-        "config": {"model": args.model, "kv_budget_tokens": config.kv_budget_tokens, "block_size": config.block_size,
+        "config": {"model": args.model, "dtype": args.dtype, "kv_budget_tokens": config.kv_budget_tokens, "block_size": config.block_size,
                    "max_model_len": config.max_model_len, "max_num_seqs": config.max_num_seqs,
                    "max_num_batched_tokens": config.max_num_batched_tokens, "seed": args.seed,
                    "kv_bytes_per_token": geometry.bytes_per_token},

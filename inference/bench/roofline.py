@@ -20,9 +20,9 @@ BATCHES = (1, 8, 32, 64)
 PROMPT_TOKENS = 32
 
 
-def matmul_flops_per_s(n: int = 1536, repeats: int = 5) -> float:
-    """Best-of-`repeats` float32 n x n matmul rate: the machine's compute roof as torch can reach it."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_flops_per_s(n: int = 1536, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-`repeats` n x n matmul rate in `dtype`: the machine's compute roof as torch can reach it."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # first call pays for thread-pool start-up
     best = float("inf")
     for _ in range(repeats):
@@ -81,7 +81,7 @@ def hf_decode_step_s(model: Any, batch: int, steps: int) -> float:
 def measure(engine: LLMEngine, hf_model: Any | None, model_path: Path, batches: tuple[int, ...] = BATCHES,
             steps: int = 8) -> dict[str, Any]:
     """Peak FLOP/s, then per batch size: our and HF's decode tokens/s and our fraction of the roof."""
-    peak = matmul_flops_per_s()
+    peak = matmul_flops_per_s(dtype=engine.runner.dtype)
     flops_per_token = 2 * count_parameters(model_path)
     rows = []
     for batch in batches:

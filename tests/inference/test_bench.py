@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from inference.bench import kv, workloads
@@ -248,3 +249,18 @@ def test_static_batch_never_outgrows_the_budget(tokenizer):
     assert rows * (longest_prompt + longest_output) <= 4096 < (rows + 1) * (longest_prompt + longest_output)
     # The seeds' reservation: every row holds room for max_model_len tokens.
     assert static_batch_size(w, replace(config, max_model_len=1024), max_length=True) == 4
+
+
+def test_dtype_option_reaches_our_engine_and_its_kv_geometry():
+    from inference.bench.__main__ import parse_args
+    from inference.bench.engines import ours
+    from transformers import AutoConfig
+
+    args = parse_args(["--dtype", "bfloat16"])
+    model_path = resolve_model(DEFAULT_MODEL)
+    geometry = kv.KVGeometry.from_hf_config(AutoConfig.from_pretrained(model_path), args.dtype)
+    assert geometry.bytes_per_token == GEOMETRY.bytes_per_token // 2
+    engine = ours.make_engine(RunConfig(model_path=model_path, geometry=geometry, kv_budget_tokens=1024,
+                                        max_model_len=512, dtype=args.dtype))
+    assert engine.runner.dtype == torch.bfloat16
+    assert parse_args([]).dtype == "float32"

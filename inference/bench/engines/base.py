@@ -28,6 +28,7 @@ class RunConfig:
     max_num_batched_tokens: int = 2048
     seed: int = 0
     threads: int | None = None  # torch threads; None leaves torch's default
+    dtype: str = "float32"  # weights, activations and KV of ours and the HF engines (llama.cpp keeps its GGUF)
 
 
 @dataclass

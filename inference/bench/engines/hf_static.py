@@ -44,7 +44,7 @@ class StepClock(StoppingCriteria):
 
 
 def load_model(config: RunConfig) -> Any:
-    return AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype)).eval()
 
 
 def reserved_row_len(workload: Workload, config: RunConfig, max_length: bool = False) -> int:

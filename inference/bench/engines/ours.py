@@ -28,7 +28,7 @@ _CUMULATIVE = ("num_preemptions_total", "prefix_cache_queries_total", "prefix_ca
 def make_engine(config: RunConfig, enable_prefix_caching: bool = True) -> LLMEngine:
     """An engine with exactly the shared KV budget (kv_budget_tokens / block_size blocks), warmed up."""
     llm = LLM(
-        model=str(config.model_path), device="cpu", dtype="float32", block_size=config.block_size,
+        model=str(config.model_path), device="cpu", dtype=config.dtype, block_size=config.block_size,
         num_kv_blocks=config.kv_budget_tokens // config.block_size, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=enable_prefix_caching, seed=config.seed,
