@@ -32,14 +32,13 @@ from playground.dashboard.publisher import SnapshotPublisher
 
 from . import registry
 from .bridge import LoopBridge
-from .coalesce import TokenPublisher
+from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
 from .naming import CONTROL_GROUP, request_group, worker_queue
 
 logger = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S = 600.0  # a task waits this long for the model to load
-SEND_TIMEOUT_S = 10.0
 ABORT_MEMORY_S = 300.0  # aborts of requests not seen yet are remembered this long
 CONTROL_REJOIN_S = 3600.0  # channel-layer group memberships expire; renew well before
 

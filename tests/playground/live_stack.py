@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -129,6 +131,24 @@ class LiveStack:
                 except subprocess.TimeoutExpired:
                     process.kill()
         redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db).flushdb()
+
+
+@contextmanager
+def running_stack(workdir: Path, workers: tuple[str, ...],
+                  before_workers: Callable[[LiveStack], None] | None = None) -> Iterator[LiveStack]:
+    """The web server, then (after `before_workers`, e.g. creating a user) the named workers with their model
+    loaded; everything stopped and the Redis database flushed on exit."""
+    live = LiveStack(workdir)
+    try:
+        live.start_web()
+        if before_workers is not None:
+            before_workers(live)
+        for name in workers:
+            live.start_worker(name)
+        live.wait_workers_ready()
+        yield live
+    finally:
+        live.stop()
 
 
 class EmbeddedServer:

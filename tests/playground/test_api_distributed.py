@@ -6,21 +6,15 @@ import sys
 import openai
 import pytest
 from api_server import MODEL
-from live_stack import REPO, LiveStack
+from live_stack import REPO, running_stack
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    live = LiveStack(tmp_path_factory.mktemp("api-distributed"))
-    try:
-        live.start_web()
-        live.start_worker("w1@api")
-        live.wait_workers_ready()
+    with running_stack(tmp_path_factory.mktemp("api-distributed"), ("w1@api",)) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def test_chat_streamed_and_not_over_redis(stack):

@@ -37,7 +37,7 @@ METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
     summary = snapshot.build_summary("w1", METRICS, 12.345, {"requests": 0}, 1000.0)
-    assert summary == {
+    expected_summary = {
         "type": "snapshot",
         "worker": "w1",
         "time": 1000.0,
@@ -45,14 +45,10 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         "tokens_per_s": 12.35,
         "latency": {"requests": 0},
     }
+    assert summary == expected_summary
     snap = snapshot.with_block_map(summary, METRICS)
     assert snap == {
-        "type": "snapshot",
-        "worker": "w1",
-        "time": 1000.0,
-        "metrics": {k: v for k, v in METRICS.items() if k not in ("block_map", "sequences")},
-        "tokens_per_s": 12.35,
-        "latency": {"requests": 0},
+        **expected_summary,
         "block_map": {
             "states": "ssucfu",
             "ref_counts": {"0": 2, "1": 2},  # only where the state does not imply the count

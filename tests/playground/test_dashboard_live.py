@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import requests
-from live_stack import ENGINE_ENV, REPO, LiveStack
+from live_stack import ENGINE_ENV, REPO, LiveStack, running_stack
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -22,18 +22,13 @@ STAFF = {"username": "ada", "password": "analytical-engine-1843"}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    live = LiveStack(tmp_path_factory.mktemp("dashboard-live"))
-    try:
-        live.start_web()
+    def create_staff(live: LiveStack) -> None:
         env = {**live.env, "DJANGO_SUPERUSER_PASSWORD": STAFF["password"]}
         subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", STAFF["username"],
                         "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)  # fmt: skip
-        for name in WORKERS:
-            live.start_worker(name)
-        live.wait_workers_ready()
+
+    with running_stack(tmp_path_factory.mktemp("dashboard-live"), WORKERS, create_staff) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def staff_session(stack: LiveStack) -> requests.Session:

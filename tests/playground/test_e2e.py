@@ -8,7 +8,7 @@ import time
 
 import pytest
 import requests
-from live_stack import ENGINE_ENV, LiveStack
+from live_stack import ENGINE_ENV, running_stack
 from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
@@ -20,15 +20,8 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in o
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    live = LiveStack(tmp_path_factory.mktemp("e2e"))
-    try:
-        live.start_web()
-        for name in WORKERS:
-            live.start_worker(name)
-        live.wait_workers_ready()
+    with running_stack(tmp_path_factory.mktemp("e2e"), WORKERS) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture(scope="module")
