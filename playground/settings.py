@@ -129,7 +129,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", not REDIS_URL)
 PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
 
-# Server-side caps on what one generate frame may ask for (also shown to the page as `limits`).
+# Server-side caps on what one generate frame or API body may ask for (also shown to the page as `limits`);
+# the sampling fields, their ranges and defaults are in playground/serving/web/sampling.py.
 PLAYGROUND_LIMITS = {
     "max_tokens": env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1),
     "max_n": env_int("PLAYGROUND_MAX_N", 4, minimum=1),
@@ -138,25 +139,24 @@ PLAYGROUND_LIMITS = {
     "max_messages": 200,
     "max_message_chars": 32_000,
     "max_frame_bytes": env_int("PLAYGROUND_MAX_FRAME_BYTES", 64 * 1024, minimum=1024),
-}
-PLAYGROUND_SAMPLING_DEFAULTS = {
-    "n": 1,
-    "temperature": 0.7,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "seed": None,
-    "stop": [],
-    "max_tokens": min(256, env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1)),
+    "max_json_depth": 32,  # arrays and objects nested deeper are refused before parsing (frames and API bodies)
 }
 
 # Per-user limits (defaults; a user's UserQuota in admin overrides them). 0 = unlimited.
 PLAYGROUND_USER_LIMITS = {
     "max_concurrent_requests": env_int("PLAYGROUND_MAX_CONCURRENT_REQUESTS", 16, minimum=0),
     "tokens_per_minute": env_int("PLAYGROUND_TOKENS_PER_MINUTE", 0, minimum=0),
+}
+# Anonymous users (no account; a cookie-less client gets a new session per socket, so sessions cannot be
+# what is limited): per client address, and a pool shared by every anonymous request of the server.
+PLAYGROUND_ANONYMOUS_LIMITS = {
+    "max_concurrent_requests_per_address": env_int(
+        "PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS", PLAYGROUND_USER_LIMITS["max_concurrent_requests"], minimum=0
+    ),
+    "max_concurrent_requests": env_int("PLAYGROUND_ANON_MAX_CONCURRENT", 64, minimum=0),
+    "tokens_per_minute_per_address": env_int(
+        "PLAYGROUND_ANON_TOKENS_PER_MINUTE_PER_ADDRESS", PLAYGROUND_USER_LIMITS["tokens_per_minute"], minimum=0
+    ),
 }
 # The OpenAI-compatible API (docs/api.md).
 PLAYGROUND_API = {
@@ -190,6 +190,10 @@ PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry thi
 PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long
 PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)  # queued, never picked up
 PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
+# Every accepted request ends (reply or error) within this many seconds of its admission.
+PLAYGROUND_REQUEST_DEADLINE_S = env_int("PLAYGROUND_REQUEST_DEADLINE_S", 600, minimum=1)
+# A worker's heartbeats lists the requests it serves; unlisted this long without a `gen.done`: the reply was lost.
+PLAYGROUND_LOST_REPLY_GRACE = 3.0
 
 LOGGING = {
     "version": 1,

@@ -264,7 +264,7 @@ def test_memory_socket_actions_reach_the_workers(staff):
         for bad, message in [
             ({"type": "abort", "worker": "w1"}, "request_id must be a non-empty string"),
             ({"type": "explode", "worker": "w1"}, "type must be 'abort' or 'reset_prefix_cache'"),
-            ([1, 2], "a frame must be a JSON object"),
+            ([1, 2], "frame must be a JSON object"),
         ]:
             await ws.send_json_to(bad)
             assert await ws.receive_json_from(timeout=5) == {"type": "error", "message": message}
