@@ -9,16 +9,19 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .envconfig import database_from_url, env_bool, env_int, env_list
+from .envconfig import database_from_url, env_bool, env_int, env_list, secret_key_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
 
-DEBUG = env_bool("DEBUG", True)
-_DEV_SECRET_KEY = "dev-insecure-paged-playground-key-change-me"
-SECRET_KEY = os.environ.get("SECRET_KEY", _DEV_SECRET_KEY)
-if not DEBUG and SECRET_KEY == _DEV_SECRET_KEY:
-    raise ImproperlyConfigured("DEBUG is off: set SECRET_KEY in the environment (the development key is public).")
+# Off unless asked for (DEBUG=1): debug pages list every route and show tracebacks with local variables.
+DEBUG = env_bool("DEBUG", False)
+REDIS_URL = os.environ.get("REDIS_URL", "")
+SECRET_KEY = os.environ.get("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if REDIS_URL:  # several processes must share one key: the operator sets it
+        raise ImproperlyConfigured("set SECRET_KEY in the environment: every web process and worker needs the same")
+    SECRET_KEY = secret_key_file(VAR_DIR / "secret_key")  # one process: a random key, kept across restarts
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -41,6 +44,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "playground.security.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -49,6 +53,16 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Sent with every response (playground/security.py, docs/security.md): the pages are plain ES modules and
+# stylesheets from /static/, with no inline script or style, so nothing else needs to be allowed.
+PLAYGROUND_CSP = "; ".join([
+    "default-src 'self'", "script-src 'self'", "style-src 'self'", "img-src 'self' data:", "font-src 'self'",
+    "connect-src 'self'", "object-src 'none'", "base-uri 'self'", "form-action 'self'", "frame-ancestors 'none'",
+])  # fmt: skip
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "playground.urls"
 ASGI_APPLICATION = "playground.asgi.application"
@@ -90,8 +104,7 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
-# --- Redis: one URL switches the whole stack to distributed mode -------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "")
+# --- Redis: one URL (REDIS_URL, read above) switches the whole stack to distributed mode ---------------------
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -163,6 +176,7 @@ PLAYGROUND_API = {
     "max_body_bytes": env_int("PLAYGROUND_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
     "max_prompt_chars": env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000, minimum=1),
 }
+DATA_UPLOAD_MAX_MEMORY_SIZE = PLAYGROUND_API["max_body_bytes"]  # Django refuses larger bodies before reading them
 # Per-user prefix-cache salt against the cross-user timing side channel: "off" or "user".
 PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
 if PLAYGROUND_CACHE_SALT not in ("off", "user"):

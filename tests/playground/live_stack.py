@@ -60,6 +60,7 @@ class LiveStack:
             "PLAYGROUND_VAR_DIR": str(workdir / "var"),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PLAYGROUND_ALLOW_ANONYMOUS": "1",
+            "SECRET_KEY": "live-stack-test-key",
             "DJANGO_SETTINGS_MODULE": "playground.settings",
             "PYTHONUNBUFFERED": "1",
             **ENGINE_ENV,
@@ -75,9 +76,7 @@ class LiveStack:
     def start_web(self) -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=self.env, check=True,
                        timeout=300)  # fmt: skip
-        self.web = self._spawn(
-            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"], "web.log"
-        )
+        self.web = self._spawn([sys.executable, "manage.py", "web", "--port", str(self.port)], "web.log")
         self.wait(lambda: self.health() is not None, 60, "daphne to serve /healthz")
 
     def start_worker(self, name: str) -> None:
