@@ -215,15 +215,17 @@ class Generation:
         worker's `gen.error`, and when the request can no longer finish (liveness)."""
         while True:
             update = await self.collector.take(liveness.CHECK_INTERVAL_S)
-            if update is None:
+            problem = self.progress.past_deadline()  # checked while text flows too
+            if update is None and problem is None:
                 try:
                     problem = await liveness.problem_with(self.progress, self.collector.worker, self.request_id)
                 except Exception:  # the registry is unreachable: judge again next round (the deadline holds)
                     logger.exception("could not check on request %s", self.request_id)
-                    problem = self.progress.past_deadline()
-                if problem is not None:
-                    message, code = problem
-                    self.collector.fail(GenerationFailed(message, code))
+            if problem is not None:
+                message, code = problem
+                self.collector.fail(GenerationFailed(message, code))
+                continue
+            if update is None:
                 continue
             if not update.chunks and update.done is None:  # `gen.accepted`: nothing to show
                 continue
