@@ -38,6 +38,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_http(url: str, timeout: float) -> None:
+    """Until `url` answers at all (any HTTP status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urlopen(url, timeout=5).close()
+            return
+        except OSError as exc:
+            if getattr(exc, "code", None) is not None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout} s") from exc
+            time.sleep(0.2)
+
+
 def empty_redis_db() -> int:
     """An unused Redis database number, so tests never meet other users' queues."""
     for db in range(15, 0, -1):
