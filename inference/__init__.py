@@ -6,6 +6,7 @@
 """
 
 from inference.beam_search import BeamSearchParams
+from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.llm import LLM
@@ -16,5 +17,5 @@ from inference.streaming import RequestStream, StreamingEngine
 
 __all__ = [
     "LLM", "SamplingParams", "BeamSearchParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
-    "CompletionOutput", "StreamDelta", "ModelNotFoundError",
+    "CompletionOutput", "StreamDelta", "ModelNotFoundError", "IntegrityError",
 ]

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
 from inference.engine import LLMEngine, load_tokenizer
@@ -180,7 +181,7 @@ class StreamingEngine:
     def _check_integrity(self) -> None:
         try:
             self.engine.check_integrity()
-        except AssertionError:  # a bug: say so loudly, but keep the worker serving
+        except IntegrityError:  # a bug: say so loudly, but keep the worker serving
             logger.exception("KV cache invariant violated")
 
     def _drain_commands(self) -> None:
