@@ -1,7 +1,7 @@
 """Automatic prefix caching and copy-on-write sharing, checked against caching-off greedy output."""
 
 from inference import SamplingParams
-from tests.inference.conftest import get_llm
+from tests.inference.engines import get_llm
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 SYSTEM = ("You are a meticulous assistant for a public library. Answer briefly, cite the shelf when you "
