@@ -16,11 +16,11 @@ from django.conf import settings
 
 from playground.accounts import limits, salt
 from playground.serving.web import lifecycle, sampling
-from playground.serving.web.edge import InvalidInput, decode_frame
+from playground.serving.web.edge import InvalidInput
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job
 
 from . import store
-from .protocol import CLOSE_LOGIN_REQUIRED, Cancel, Generate, parse_cancel, parse_generate
+from .protocol import CLOSE_LOGIN_REQUIRED, Cancel, Generate, parse_frame
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +37,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
-        """End every running generation (each aborts its request and gives its slot back)."""
-        tasks = [task for _, task in getattr(self, "running", {}).values()]
-        for task in tasks:
+        """End every running generation: each aborts its request and gives its slot back."""
+        running = list(getattr(self, "running", {}).values())
+        for _, task in running:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(task for _, task in running), return_exceptions=True)
+        await asyncio.gather(*(generation.close() for generation, _ in running))
 
     # --- from the browser -------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
             caps = settings.PLAYGROUND_LIMITS
-            frame = decode_frame(text_data, caps)
-            kind = frame.get("type")
-            if kind == "generate":
-                await self.generate(parse_generate(frame, sampling.defaults(caps), caps))
-            elif kind == "cancel":
-                await self.cancel(parse_cancel(frame))
+            request = parse_frame(text_data, sampling.defaults(caps), caps)
+            if isinstance(request, Generate):
+                await self.generate(request)
             else:
-                raise InvalidInput("type must be 'generate' or 'cancel'")
+                await self.cancel(request)
         except (InvalidInput, store.ConversationNotFound) as exc:
             await self.send_json({"type": "error", "message": str(exc)})
         except Exception:  # a server fault (database down...): say so, keep the socket and its other requests

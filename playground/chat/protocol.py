@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playground.serving.web.edge import CLOSE_CODES, InvalidInput
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 from playground.serving.web.sampling import validate_sampling
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
@@ -79,3 +79,14 @@ def parse_cancel(frame: Mapping[str, Any]) -> Cancel:
     if not isinstance(request_id, str) or not request_id:
         raise InvalidInput("cancel needs a request_id string")
     return Cancel(request_id=request_id)
+
+
+def parse_frame(text: str | None, defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate | Cancel:
+    """One client frame, decoded at the edge and parsed: a Generate or a Cancel; raises InvalidInput."""
+    frame = decode_frame(text, limits)
+    kind = frame.get("type")
+    if kind == "generate":
+        return parse_generate(frame, defaults, limits)
+    if kind == "cancel":
+        return parse_cancel(frame)
+    raise InvalidInput("type must be 'generate' or 'cancel'")

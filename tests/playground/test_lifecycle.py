@@ -235,3 +235,35 @@ def test_the_anonymous_pool_caps_every_address_together():
     for admission in held:
         admission.release()
     assert cache.get(limits.ANONYMOUS_POOL_KEY) == 0
+
+
+def test_close_finishes_releasing_when_its_caller_is_cancelled_midway(monkeypatch):
+    """A socket closing just as its request ends cancels the relay task inside close(): the slot leaked."""
+    from playground.serving.web import dispatch
+    from playground.serving.web.lifecycle import Generation
+
+    released = []
+
+    class Slot:
+        def release(self) -> None:
+            released.append(True)
+
+        def record(self, tokens: int) -> None:
+            pass
+
+    async def slow_abort(request_id: str) -> None:
+        await asyncio.sleep(0.2)
+
+    monkeypatch.setattr(dispatch, "abort", slow_abort)
+
+    async def scenario():
+        generation = Generation(Slot())
+        generation._channel = await get_channel_layer().new_channel("gen.")  # as if started, not finished
+        closing = asyncio.create_task(generation.close())
+        await asyncio.sleep(0.05)  # inside the abort
+        closing.cancel()
+        await asyncio.gather(closing, return_exceptions=True)
+        await asyncio.sleep(0.4)
+        return list(released)
+
+    assert asyncio.run(scenario()) == [True]

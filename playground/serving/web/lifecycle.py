@@ -164,13 +164,12 @@ class Generation:
         self._channel: str | None = None
         self._receiver: asyncio.Task | None = None
         self._tokens = 0
-        self._closed = False
+        self._closing: asyncio.Future | None = None
         # The last resort, for a caller that never reaches close() (a streamed response nobody iterated):
         # shortly after the deadline, whatever happened, the slot is given back.
         self._reaper = asyncio.get_running_loop().call_later(
             settings.PLAYGROUND_REQUEST_DEADLINE_S + REAPER_GRACE_S, self._reap
         )
-        self._reaping: asyncio.Task | None = None
 
     async def __aenter__(self) -> Generation:
         return self
@@ -242,15 +241,18 @@ class Generation:
 
     # --- the end -------------------------------------------------------------------------------------
     def _reap(self) -> None:
-        self._reaping = asyncio.ensure_future(self.close())
+        self._closing = asyncio.ensure_future(self._close())
 
     async def close(self) -> None:
         """Abort the request if unfinished, stop listening, give the slot back and count the tokens used.
-        Every step is attempted whatever the others did; nothing raises."""
-        if self._closed:
-            return
-        self._closed = True
-        self._reaper.cancel()
+        Every step is attempted whatever the others did; nothing raises. The work runs in a task of its own
+        that the caller's cancellation does not interrupt (a socket closing while its request ends)."""
+        if self._closing is None:
+            self._reaper.cancel()
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         if self._receiver is not None:
             self._receiver.cancel()
         if self._channel is not None:

@@ -47,7 +47,7 @@ async def problem_with(progress: Progress, worker: str, request_id: str) -> tupl
         heartbeat = await registry.aget(worker)
         if heartbeat is None:
             return f"the GPU worker {worker} stopped responding", "unavailable"
-        if heartbeat.get("state") != "ready":
+        if heartbeat.get("state") == "failed":  # a loading worker still serves it once loaded
             error = (heartbeat.get("health") or {}).get("error") or heartbeat.get("state")
             return f"the GPU worker {worker} cannot serve: {error}", "unavailable"
         if request_id in heartbeat.get("requests", ()):
