@@ -29,6 +29,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from ..shared.naming import request_group
+from ..shared.retry import once_more
 from . import dispatch, liveness
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ class Collector:
 
     worker: str = ""  # set by `gen.accepted`
     _text: dict[int, list[str]] = field(default_factory=dict)
-    _seq: int = 0
+    _seq: int = 0  # the next chunk's number, as the reader sees them
+    _worker_seq: int = 0  # the next chunk number expected from the worker; lower ones were seen already
     _done: dict[str, Any] | None = None
     _failure: GenerationFailed | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -107,6 +109,9 @@ class Collector:
             self.worker = event["worker"]
         elif kind == "gen.tokens":
             for chunk in event["chunks"]:
+                if chunk["seq"] < self._worker_seq:  # a retried send delivered twice
+                    continue
+                self._worker_seq = chunk["seq"] + 1
                 self._text.setdefault(chunk["index"], []).append(chunk["text"])
         elif kind == "gen.done":
             self._done = event
@@ -183,7 +188,7 @@ class Generation:
         the channel layer or the broker cannot be reached."""
         try:
             self._channel = await self._layer.new_channel("gen.")
-            await self._layer.group_add(request_group(self.request_id), self._channel)
+            await once_more(lambda: self._layer.group_add(request_group(self.request_id), self._channel))
         except Exception as exc:
             logger.exception("channel layer failed for request %s", self.request_id)
             raise GenerationFailed("the server lost its channel layer (Redis); try again", "unavailable") from exc

@@ -36,6 +36,7 @@ from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, request_group, worker_queue
+from ..shared.retry import once_more
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +179,8 @@ class WorkerRuntime:
         layer = get_channel_layer()
 
         def send(message: dict[str, Any]) -> None:
-            self.bridge.call(layer.group_send(group, {"request_id": request_id, **message}), SEND_TIMEOUT_S)
+            body = {"request_id": request_id, **message}
+            self.bridge.call(once_more(lambda: layer.group_send(group, body)), SEND_TIMEOUT_S)
 
         with self._lock:
             self._serving.add(request_id)
