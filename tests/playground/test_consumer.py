@@ -2,6 +2,7 @@
 and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_worker.py).
 """
 import asyncio
+import json
 import time
 
 import pytest
@@ -9,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from fake_worker import ASK, ORIGIN, connect, generate, until_end, worker
 
 from playground.asgi import application
-from playground.chat.models import Conversation
+from playground.chat.models import Conversation, Message
 from playground.serving.shared.naming import GPU_QUEUE
 from playground.serving.web import dispatch
 
@@ -104,22 +105,30 @@ def test_n_samples_stream_side_by_side(monkeypatch):
         ('{"type": "generate", "conversation_id": "7f1c1a8e-0000-4000-8000-000000000000", '
          '"messages": [{"role": "user", "content": "x"}]}', "not found"),
         ('{"type": "generate", "pad": "' + "x" * 70_000 + '"}', "larger than"),
+        # Invalid Unicode (SQLite refused it: "internal server error") and deep nesting (a RecursionError).
+        (json.dumps({"type": "generate", "messages": [{"role": "user", "content": "hi \ud800"}]}),
+         "messages[0].content contains an unpaired surrogate"),
+        (json.dumps({"type": "generate", "messages": [{"role": "user", "content": "a\x00b"}]}),
+         "messages[0].content contains a NUL character"),
+        (json.dumps({"type": "generate", "messages": ASK, "params": {"stop": ["\udc00"]}}), "params.stop[0] contains"),
+        ('{"type": "generate", "pad": ' + "[" * 30_000 + "]" * 30_000 + "}", "deeper than 32 levels"),
     ],
-)
+)  # fmt: skip
 def test_bad_frames_get_an_error_and_the_socket_survives(monkeypatch, frame, needle):
     async def scenario():
-        async with worker(monkeypatch):
+        async with worker(monkeypatch) as (_, submitted):
             ws = await connect()
             await ws.send_to(text_data=frame)
             error = await ws.receive_json_from(timeout=5)
             await ws.send_json_to(generate(max_tokens=4))
             after = await until_end(ws)
             await ws.disconnect()
-            return error, after
+            return error, after, submitted
 
-    error, after = run(scenario())
+    error, after, submitted = run(scenario())
     assert error["type"] == "error" and needle in error["message"] and "request_id" not in error
-    assert after[-1]["type"] == "done"
+    assert after[-1]["type"] == "done" and len(submitted) == 1  # only the good frame reached a worker
+    assert Message.objects.filter(role="user").count() == 1 and Conversation.objects.count() == 1
 
 
 def test_binary_frame_is_refused():

@@ -23,6 +23,17 @@ def slots_taken() -> int:
     return cache.get(SLOT) or 0
 
 
+async def streaming(count: int) -> list:
+    """`count` sockets, each with a long generation past its first token."""
+    sockets = [await connect() for _ in range(count)]
+    for ws in sockets:
+        await ws.send_json_to(generate(LONG, max_tokens=300))
+        assert (await ws.receive_json_from(timeout=5))["type"] == "started"
+    for ws in sockets:
+        assert (await ws.receive_json_from(timeout=5))["type"] == "token"
+    return sockets
+
+
 async def errors_of(sockets, timeout: float) -> list[dict]:
     return [(await until_end(ws, timeout))[-1] for ws in sockets]
 
@@ -94,12 +105,7 @@ def test_the_channel_layer_failing_mid_stream_is_an_error_frame_not_a_closed_soc
                 return await real_receive(channel)
 
             monkeypatch.setattr(layer, "receive", receive)
-            sockets = [await connect() for _ in range(3)]
-            for ws in sockets:
-                await ws.send_json_to(generate(LONG, max_tokens=300))
-                assert (await ws.receive_json_from(timeout=5))["type"] == "started"
-            for ws in sockets:
-                assert (await ws.receive_json_from(timeout=5))["type"] == "token"
+            sockets = await streaming(3)
             started_at = time.monotonic()
             broken.set()
             for channel in [c for c in layer.channels if c.startswith("gen.")]:  # wake the parked receivers
@@ -177,12 +183,7 @@ def test_an_accepted_request_gets_an_error_at_its_deadline(monkeypatch, settings
 def test_the_engine_loop_failing_ends_every_stream_with_an_error_and_marks_the_worker_failed(monkeypatch):
     async def scenario():
         async with worker(monkeypatch, delay=0.02) as (engine, _):
-            sockets = [await connect() for _ in range(4)]
-            for ws in sockets:
-                await ws.send_json_to(generate(LONG, max_tokens=300))
-                assert (await ws.receive_json_from(timeout=5))["type"] == "started"
-            for ws in sockets:
-                assert (await ws.receive_json_from(timeout=5))["type"] == "token"
+            sockets = await streaming(4)
             t0 = time.monotonic()
             engine.fail_loop("RuntimeError: boom outside step()")
             ends = await errors_of(sockets, timeout=10)
