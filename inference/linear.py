@@ -70,6 +70,8 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, sum(self.output_sizes)
         self.weight: LinearWeight = FloatWeight(torch.empty(self.out_features, in_features))
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        # With LoRA enabled, the engine's per-slot adapter delta (inference.lora_slots.LoRALayer).
+        self.lora = None
 
     def load(self, weight: LinearWeight, bias: torch.Tensor | None = None) -> None:
         """Install `weight` (already fused in `output_sizes` order) and, for a biased layer, its bias."""
@@ -87,7 +89,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.weight.matmul(x)
-        return y if self.bias is None else y + self.bias
+        if self.bias is not None:
+            y = y + self.bias
+        if self.lora is not None:
+            self.lora.add_delta(x, y)
+        return y
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Cut a fused layer's output into its parts (q, k, v or gate, up)."""
