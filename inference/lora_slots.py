@@ -25,45 +25,49 @@ from inference.model import LlamaForCausalLM
 
 
 class LoRALayer:
-    """The LoRA delta of one `Linear`: for each part of its fused output, the slots' A and B stacks.
+    """The LoRA delta of one `Linear`, every part of a fused output (q/k/v, gate/up) in one shrink/expand.
 
-    Stacks are allocated on the first adapter that targets the part (`[max_loras, max_rank, in]` and
-    `[max_loras, out, max_rank]`, zero past each adapter's rank); `ranks[part][slot]` is 0 where the slot's
-    adapter leaves the part alone, which the kernels read as "add nothing".
+    Stacks, allocated on the first adapter that adapts this layer: `a[max_loras, parts * max_rank, in]`,
+    `b[max_loras, out, parts * max_rank]`. A slot packs its adapter's targeted parts side by side: part p's
+    A takes the next `r` rows of `a`, its B the same `r` columns of `b`, in the rows of p's output slice
+    (so `b` is block-diagonal and the delta of each part lands in its own slice). `ranks[slot]` is the
+    packed width, 0 where the slot's adapter leaves this layer alone, which the kernels read as "add nothing".
     """
 
     def __init__(self, manager: LoRAManager, linear: Linear) -> None:
         self.manager = manager
-        self.in_features = linear.in_features
+        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.sizes = linear.output_sizes
         self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
-        self.a: list[torch.Tensor | None] = [None] * len(self.sizes)
-        self.b: list[torch.Tensor | None] = [None] * len(self.sizes)
-        self.ranks = [torch.zeros(manager.max_loras, dtype=torch.int32, device=manager.device) for _ in self.sizes]
+        self.a: torch.Tensor | None = None
+        self.b: torch.Tensor | None = None
+        self.ranks = torch.zeros(manager.max_loras, dtype=torch.int32, device=manager.device)
 
-    def load(self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor) -> None:
+    def load(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put one adapter's `{part: (A [r, in], B [out_part, r])}` for this layer into `slot`."""
         m = self.manager
-        if self.a[part] is None:
-            self.a[part] = torch.zeros(m.max_loras, m.max_rank, self.in_features, dtype=m.dtype, device=m.device)
-            self.b[part] = torch.zeros(m.max_loras, self.sizes[part], m.max_rank, dtype=m.dtype, device=m.device)
-        rank = a.shape[0]
-        self.a[part][slot].zero_()[:rank].copy_(a)
-        self.b[part][slot].zero_()[:, :rank].copy_(b)
-        self.ranks[part][slot] = rank
+        width = len(self.sizes) * m.max_rank
+        if self.a is None:
+            self.a = torch.zeros(m.max_loras, width, self.in_features, dtype=m.dtype, device=m.device)
+            self.b = torch.zeros(m.max_loras, self.out_features, width, dtype=m.dtype, device=m.device)
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        column = 0
+        for part, (a, b) in sorted(parts.items()):
+            rank, offset = a.shape[0], self.offsets[part]
+            self.a[slot, column:column + rank] = a
+            self.b[slot, offset:offset + self.sizes[part], column:column + rank] = b
+            column += rank
+        self.ranks[slot] = column
 
     def clear(self, slot: int) -> None:
-        for ranks in self.ranks:
-            ranks[slot] = 0
+        self.ranks[slot] = 0
 
     def add_delta(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add this step's per-row adapter deltas to `y = x @ W.T` in place (no-op without adapter rows)."""
         index = self.manager.index
-        if index is None:
-            return
-        for part, (offset, size) in enumerate(zip(self.offsets, self.sizes)):
-            if self.a[part] is not None:
-                kernels.lora.add_lora(y[:, offset:offset + size], x, self.a[part], self.b[part], self.ranks[part],
-                                      index)
+        if index is not None and self.a is not None:
+            kernels.lora.add_lora(y, x, self.a, self.b, self.ranks, index)
 
 
 class LoRAManager:
@@ -110,6 +114,11 @@ class LoRAManager:
     def slot_of(self, adapter: LoRAAdapter) -> int:
         return self._slots[adapter.digest]
 
+    def row_order(self, adapters: list[LoRAAdapter | None]) -> list[int]:
+        """An order of a step's sequences that makes each adapter's rows contiguous (base rows first), so
+        that every adapter's delta is one slice of the batch: no gathers, one shrink and one expand."""
+        return sorted(range(len(adapters)), key=lambda i: -1 if adapters[i] is None else self.slot_of(adapters[i]))
+
     def acquire(self, adapter: LoRAAdapter, in_use: Iterable[str]) -> bool:
         """Make `adapter` resident; False when every slot holds an adapter in `in_use` (digests)."""
         if adapter.digest in self._slots:
@@ -123,12 +132,16 @@ class LoRAManager:
             if victim is None:
                 return False
             slot = self._slots.pop(victim)
-        for hook in self._hooks.values():
-            hook.clear(slot)
+        per_layer: dict[tuple[int, str], dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         for (layer, module), (a, b) in adapter.weights.items():
             _, linear_name, part = TARGET_MODULES[module]
-            self._hooks[(layer, linear_name)].load(slot, part, a.to(self.device, self.dtype),
-                                                   b.to(self.device, self.dtype))
+            per_layer.setdefault((layer, linear_name), {})[part] = (a.to(self.device, self.dtype),
+                                                                    b.to(self.device, self.dtype))
+        for key, hook in self._hooks.items():
+            if key in per_layer:
+                hook.load(slot, per_layer[key])
+            else:
+                hook.clear(slot)
         self._slots[adapter.digest] = slot
         self.num_slot_loads += 1
         return True

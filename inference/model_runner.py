@@ -70,10 +70,19 @@ class ModelRunner:
     def execute(
         self, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]]
     ) -> torch.Tensor:
-        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`."""
+        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`, in that order.
+
+        With LoRA the batch's rows are laid out grouped by adapter (`LoRAManager.row_order`); nothing
+        outside this method sees that order.
+        """
         if block_copies:
             mapping = torch.tensor(block_copies, dtype=torch.int64, device=self.device)
             self.ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+        if self.lora is not None:
+            order = self.lora.row_order([item.seq.request.adapter for item in scheduled])
+            position = {i: k for k, i in enumerate(order)}
+            scheduled = [scheduled[i] for i in order]
+            sample_rows = [position[i] for i in sample_rows]
         input_ids, positions, slots, ctx_lens, q_starts = [], [], [], [], [0]
         bs = self.block_size
         for item in scheduled:

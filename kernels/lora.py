@@ -1,9 +1,9 @@
 """The batched LoRA delta of one step: every token row carries its adapter's device slot, or none.
 
-For a layer (or one part of a fused layer) with adapters stacked by slot,
-``a[num_slots, max_rank, in]`` and ``b[num_slots, out, max_rank]`` (the adapter's scaling folded into ``b``,
-ranks below ``max_rank`` zero-padded, ``ranks[s]`` the rank in slot ``s``, 0 for a slot that does not adapt
-this layer), ``add_lora`` adds in place, for each row ``t`` whose slot is ``s``::
+For a layer with adapters stacked by slot, ``a[num_slots, max_rank, in]`` and ``b[num_slots, out, max_rank]``
+(the adapter's scaling folded into ``b``, zero past ``ranks[s]``, the rank in slot ``s``, 0 for a slot that
+does not adapt this layer; a fused layer packs its parts' ranks side by side, ``b`` block-diagonal),
+``add_lora`` adds in place, for each row ``t`` whose slot is ``s``::
 
     y[t] += (x[t] @ a[s, :ranks[s]].T) @ b[s, :, :ranks[s]].T      (shrink to rank, then expand)
 
@@ -89,11 +89,11 @@ def reference_add_lora(y: Tensor, x: Tensor, a: Tensor, b: Tensor, ranks: Tensor
         r = rank_of[slot]
         if r == 0:
             continue
-        delta = (x[rows] @ a[slot, :r].T) @ b[slot, :, :r].T
+        shrunk = x[rows] @ a[slot, :r].T
         if isinstance(rows, slice):
-            y[rows] += delta
+            y[rows].addmm_(shrunk, b[slot, :, :r].T)
         else:
-            y.index_add_(0, rows, delta)
+            y.index_add_(0, rows, shrunk @ b[slot, :, :r].T)
 
 
 def add_lora(y: Tensor, x: Tensor, a: Tensor, b: Tensor, ranks: Tensor, index: LoRAIndex) -> None:
