@@ -24,15 +24,21 @@ BLOCK_N = 64
 
 
 @triton.jit
+def _row_slot(slots_ptr, ranks_ptr, t, features):
+    """Row t's slot (0 for a base row, safe to index with) and the counts its masks compare against: its
+    rank and `features`, both 0 for a base row or a rank-0 slot, so nothing is read or written for it."""
+    slot = tl.load(slots_ptr + t)
+    safe_slot = tl.maximum(slot, 0)
+    rank = tl.where(slot >= 0, tl.load(ranks_ptr + safe_slot), 0)
+    return safe_slot, rank, tl.where(rank > 0, features, 0)
+
+
+@triton.jit
 def _shrink_kernel(x_ptr, a_ptr, slots_ptr, ranks_ptr, buf_ptr, in_features,
                    stride_xt, stride_as, stride_ar, stride_bt,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
-    slot = tl.load(slots_ptr + t)
-    safe_slot = tl.maximum(slot, 0)
-    # Masks compare offsets with counts that are 0 for a base row: nothing is read or written for it.
-    rank = tl.where(slot >= 0, tl.load(ranks_ptr + safe_slot), 0)
-    num_in = tl.where(rank > 0, in_features, 0)
+    safe_slot, rank, num_in = _row_slot(slots_ptr, ranks_ptr, t, in_features)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < rank
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -52,10 +58,7 @@ def _expand_kernel(buf_ptr, b_ptr, slots_ptr, ranks_ptr, y_ptr, out_features,
                    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     t = tl.program_id(0)
     tile = tl.program_id(1)
-    slot = tl.load(slots_ptr + t)
-    safe_slot = tl.maximum(slot, 0)
-    rank = tl.where(slot >= 0, tl.load(ranks_ptr + safe_slot), 0)
-    num_out = tl.where(rank > 0, out_features, 0)
+    safe_slot, rank, num_out = _row_slot(slots_ptr, ranks_ptr, t, out_features)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < rank
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
