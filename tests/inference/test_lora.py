@@ -191,3 +191,29 @@ def test_smollm2_adapter_greedy_equals_merged_hf(hf_model, tmp_path):
     assert ours == [hf_greedy(merged, p["prompt_token_ids"], 16) for p in prompts]
     assert ours != tokens(llm.generate(prompts, params))  # the adapter changes SmolLM2's output
     assert_idle(llm)
+
+
+def test_slots_are_replaced_least_recently_used_and_the_host_cache_is_bounded(tiny, llm, tmp_path):
+    c = write_adapter(tmp_path / "c", source=tiny["root"] / "b")
+    c = LoRARequest("c", 3, c.lora_path)  # the same weights as b under another name and id
+    a, b = tiny["requests"]["a"], tiny["requests"]["b"]
+    d = LoRARequest("d", 4, str(tiny["root"] / "a"))
+    manager = llm.llm_engine.runner.lora
+    prompt = prompt_ids(llm, PROMPTS[0])
+    loads = []
+    for lora in (a, b, a, c, d):
+        llm.generate(prompt, GREEDY, lora_request=lora)
+        loads.append(manager.num_slot_loads)
+    # Two slots: a, b loaded; a again and c (b's weights: one digest, one slot) and d (a's) are hits.
+    assert [n - loads[0] for n in loads] == [0, 1, 1, 1, 1]
+    before = manager.num_slot_loads
+    e = write_adapter(tmp_path / "e", {"lora_alpha": 3}, source=tiny["root"] / "a")  # new weights: a new digest
+    for lora in (e, b, a, b):  # e evicts b (least recently used: d touched a), b evicts a, a evicts e, b hits
+        llm.generate(prompt, GREEDY, lora_request=lora)
+    assert manager.num_slot_loads - before == 3
+    # The host cache holds max_cpu_loras (= max_loras = 2) adapters: a was read again after e and b.
+    first = manager.get(a)
+    manager.get(e), manager.get(b)
+    again = manager.get(a)
+    assert again is not first and again.digest == first.digest
+    assert_idle(llm)
