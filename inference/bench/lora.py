@@ -7,7 +7,9 @@ One seeded `chat` workload (EOS ignored, so every configuration generates the sa
 - `4 adapters mixed`: requests assigned round-robin to four adapters (one batch mixes all four).
 The adapters are random rank-`--rank` PEFT folders adapting every projection, written to a temporary folder.
 Configurations are interleaved over `--repeats` rounds (the median is reported), with the prefix cache reset
-before each run, so a loaded machine's drift hits them alike.
+before each run, so a loaded machine's drift hits them alike. A second table times single decode steps of
+the same batch (every request past its prefill; best and median of `--steps` steps), which the adapters'
+per-step cost dominates less noisily than whole runs.
 """
 
 from __future__ import annotations
@@ -45,12 +47,32 @@ def write_random_adapter(folder: Path, cfg: ModelConfig, rank: int, seed: int) -
         {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGET_MODULES)}))
 
 
+def decode_step_ms(llm: LLM, prompts: list[dict], loras: list[LoRARequest | None] | None,
+                   steps: int) -> tuple[float, float]:
+    """(best, median) milliseconds of one engine step once every request of the batch is decoding."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=steps + 64, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"decode-{i}", prompt, params, lora_request=None if loras is None else loras[i])
+    while engine.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - start) * 1000)
+    for i in range(len(prompts)):
+        engine.abort_request(f"decode-{i}")
+    return min(times), statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-output", type=int, default=64)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
     folder = resolve_model(DEFAULT_MODEL)
@@ -83,6 +105,7 @@ def main() -> None:
                 start = time.perf_counter()
                 llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
                 times[name].append(time.perf_counter() - start)
+        steps = {name: decode_step_ms(llm, prompts, loras, args.steps) for name, (llm, loras) in configs.items()}
 
     tokens = workload.total_output_tokens
     base_tps = tokens / statistics.median(times["base"])
@@ -93,6 +116,11 @@ def main() -> None:
     for name, runs in times.items():
         tps = tokens / statistics.median(runs)
         print(f"| {name} | {statistics.median(runs):.2f} | {tps:.1f} | {tps / base_tps:.2f}x |")
+    print(f"\none decode step of the {n} requests, {args.steps} steps")
+    print("| configuration | best ms | median ms | best vs base |")
+    print("|---|---|---|---|")
+    for name, (best, median) in steps.items():
+        print(f"| {name} | {best:.1f} | {median:.1f} | {steps['base'][0] / best:.2f}x |")
 
 
 if __name__ == "__main__":
