@@ -10,6 +10,7 @@ from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.llm import LLM
+from inference.lora import LoRAError, LoRARequest
 from inference.model_loader import ModelNotFoundError
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
@@ -18,5 +19,5 @@ from inference.streaming import EngineDeadError, EngineHealth, RequestStream, St
 __all__ = [
     "LLM", "SamplingParams", "BeamSearchParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
     "CompletionOutput", "StreamDelta", "ModelNotFoundError", "IntegrityError",
-    "EngineHealth", "EngineDeadError",
+    "EngineHealth", "EngineDeadError", "LoRARequest", "LoRAError",
 ]

@@ -185,8 +185,17 @@ class BlockManager:
     # --- prefix caching -------------------------------------------------------------------------
 
     def _extra_keys(self, seq: Sequence, block_index: int) -> tuple:
-        salt = seq.request.cache_salt
-        return (salt,) if salt is not None and block_index == 0 else ()
+        """What the first block's K/V depend on besides tokens: the cache salt and the adapter's digest
+        (its weights, not its name). Later blocks inherit both through the parent hash."""
+        request = seq.request
+        if block_index != 0:
+            return ()
+        keys: tuple = ()
+        if request.cache_salt is not None:
+            keys += (("salt", request.cache_salt),)
+        if request.adapter is not None:
+            keys += (("lora", request.adapter.digest),)
+        return keys
 
     def _block_tokens(self, seq: Sequence, block_index: int) -> tuple[int, ...]:
         bs = self.block_size

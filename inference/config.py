@@ -35,6 +35,12 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     seed: int = 0
     attention_backend: str | None = None
+    # Multi-LoRA (vLLM's names): adapters in device slots at once, their largest rank, adapters kept on the
+    # host (default: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 64
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -55,6 +61,14 @@ class EngineArgs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every running decode fits a step")
         if self.attention_backend not in kernels.BACKENDS:
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
 

@@ -15,6 +15,7 @@ from inference.beam_search import BeamSearchParams, BeamState, advance
 from inference.block_manager import BlockManager, IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
+from inference.lora import LoRAAdapter, LoRAError, LoRARequest
 from inference.model_loader import resolve_model
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
@@ -39,7 +40,8 @@ class LLMEngine:
                 f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
             )
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens,
+                                   self.runner.lora)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.requests: dict[str, Request] = {}
@@ -55,8 +57,12 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Request:
-        """Tokenise and validate a request without touching engine state (safe from any thread)."""
+        """Tokenise and validate a request without touching engine state (safe from any thread).
+
+        A `lora_request`'s adapter is read and checked here (from the host cache when it is there).
+        """
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if isinstance(prompt, str):
@@ -77,6 +83,7 @@ class LLMEngine:
             )
         if params.n > self.args.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.args.max_num_seqs}")
+        adapter = self._adapter(lora_request)
         return Request(
             request_id=request_id,
             prompt=text,
@@ -84,8 +91,18 @@ class LLMEngine:
             params=params,
             eos_token_id=None if params.ignore_eos else self.eos_token_id,
             cache_salt=cache_salt,
+            adapter=adapter,
             arrival_time=arrival_time if arrival_time is not None else time.perf_counter(),
         )
+
+    def _adapter(self, lora_request: LoRARequest | None) -> LoRAAdapter | None:
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise LoRAError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.runner.lora is None:
+            raise LoRAError("this engine was built without LoRA support; pass enable_lora=True")
+        return self.runner.lora.get(lora_request)
 
     def add_request(
         self,
@@ -94,8 +111,9 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        self.add(self.make_request(request_id, prompt, params, arrival_time, cache_salt))
+        self.add(self.make_request(request_id, prompt, params, arrival_time, cache_salt, lora_request))
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -350,6 +368,7 @@ class LLMEngine:
                 {
                     "request_id": seq.request_id,
                     "index": seq.index,
+                    "adapter": None if seq.request.adapter is None else seq.request.adapter.name,
                     "block_table": list(seq.block_table),
                     "context_len": seq.num_computed_tokens,
                     "max_len": self._max_len(seq),

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from inference.beam_search import BeamSearchParams
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
+from inference.lora import LoRARequest
 from inference.outputs import RequestOutput
 from inference.sampling_params import SamplingParams
 
@@ -37,16 +38,22 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion in one continuous batch; outputs come back in input order."""
+        """Run every prompt to completion in one continuous batch; outputs come back in input order.
+
+        `lora_request`: one adapter for every prompt, or a list with one per prompt (None: the base model).
+        """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        params = self._params_per_prompt(sampling_params, len(prompts))
+        params = self._per_prompt(sampling_params, SamplingParams, SamplingParams(), len(prompts), "sampling params")
+        loras = self._per_prompt(lora_request, LoRARequest, None, len(prompts), "LoRA requests")
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves no half-submitted batch.
         requests = [
-            engine.make_request(str(next(self._ids)), prompt, p) for prompt, p in zip(prompts, params)
+            engine.make_request(str(next(self._ids)), prompt, p, lora_request=lora)
+            for prompt, p, lora in zip(prompts, params, loras)
         ]
         for request in requests:
             engine.add(request)
@@ -58,6 +65,7 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Seq[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -65,7 +73,7 @@ class LLM:
             {"prompt_token_ids": ids, "prompt": None}
             for ids in (self.encode_chat(c, add_generation_prompt) for c in conversations)
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def beam_search(
         self, prompts: Prompt | Seq[Prompt], params: BeamSearchParams, use_tqdm: bool = True
@@ -93,17 +101,16 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     @staticmethod
-    def _params_per_prompt(
-        sampling_params: SamplingParams | Seq[SamplingParams] | None, count: int
-    ) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams()] * count
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * count
-        params = list(sampling_params)
-        if len(params) != count:
-            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
-        return params
+    def _per_prompt(value: object, kind: type, default: object, count: int, what: str) -> list:
+        """One `kind` (or None: `default`) for every prompt, or a list with exactly one per prompt."""
+        if value is None:
+            return [default] * count
+        if isinstance(value, kind):
+            return [value] * count
+        values = list(value)
+        if len(values) != count:
+            raise ValueError(f"got {len(values)} {what} for {count} prompts")
+        return values
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

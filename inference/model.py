@@ -3,7 +3,7 @@
 Tokens of every scheduled sequence are concatenated into one row of `num_tokens`; nothing is padded.
 Attention writes each token's K and V into its slot of the paged cache, then reads the context only
 through block tables (`kernels.paged_attention_*`). Weights load from a local HF folder (safetensors),
-with q/k/v and gate/up fused into one matmul each.
+with q/k/v and gate/up fused into one matmul each; every weight matmul is an `inference.linear.Linear`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
+
+from inference.linear import FloatWeight, Linear, LinearWeight, VocabEmbedding
 
 
 @dataclass
@@ -116,8 +118,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.scale = cfg.head_dim**-0.5
 
     def forward(
@@ -149,8 +151,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size, cfg.intermediate_size])
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -170,13 +172,11 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
 
     @torch.inference_mode()
     def forward(
@@ -206,8 +206,6 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaF
         model = LlamaForCausalLM(cfg)
     model.to_empty(device=device)
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
 
     weights: dict[str, torch.Tensor] = {}
     files = sorted(folder.glob("*.safetensors"))
@@ -224,29 +222,41 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaF
         except KeyError:
             raise ValueError(f"{folder}: weight {name!r} is missing; is this a Llama-family model?") from None
 
-    params = dict(model.named_parameters())
+    def weight(*names: str) -> LinearWeight:
+        """The layer weight fused from `names` (in output order), on the model's device."""
+        return FloatWeight(torch.cat([take(name) for name in names]).to(device))
 
-    def put(name: str, tensor: torch.Tensor) -> None:
-        if params[name].shape != tensor.shape:
-            raise ValueError(f"{folder}: {name} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)}")
-        params[name].data.copy_(tensor)
+    def linear(module: Linear, name: str, *sources: str, bias: torch.Tensor | None = None) -> None:
+        """Install the weight fused from `sources` (in output order); a shape error names the layer."""
+        try:
+            module.load(weight(*sources), bias)
+        except ValueError as exc:
+            raise ValueError(f"{folder}: {name}: {exc}") from None
 
-    put("embed_tokens.weight", take("embed_tokens.weight"))
-    put("norm.weight", take("norm.weight"))
-    if not cfg.tie_word_embeddings:
-        put("lm_head.weight", take("lm_head.weight"))
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        attn = p + "self_attn."
-        put(attn + "qkv_proj.weight", torch.cat([take(attn + f"{x}_proj.weight") for x in "qkv"]))
-        if cfg.attention_bias:
-            put(attn + "qkv_proj.bias", torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]))
-        put(attn + "o_proj.weight", take(attn + "o_proj.weight"))
-        mlp = p + "mlp."
-        put(mlp + "gate_up_proj.weight", torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")]))
-        put(mlp + "down_proj.weight", take(mlp + "down_proj.weight"))
-        put(p + "input_layernorm.weight", take(p + "input_layernorm.weight"))
-        put(p + "post_attention_layernorm.weight", take(p + "post_attention_layernorm.weight"))
+    def norm(module: RMSNorm, name: str) -> None:
+        value = take(name + ".weight")
+        if module.weight.shape != value.shape:
+            raise ValueError(f"{folder}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
+        module.weight.data.copy_(value)
+
+    try:
+        model.embed_tokens.load(weight("embed_tokens.weight"))
+    except ValueError as exc:
+        raise ValueError(f"{folder}: embed_tokens: {exc}") from None
+    norm(model.norm, "norm")
+    if cfg.tie_word_embeddings:
+        model.lm_head.load(model.embed_tokens.weight)
+    else:
+        linear(model.lm_head, "lm_head", "lm_head.weight")
+    for i, layer in enumerate(model.layers):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]) if cfg.attention_bias else None
+        linear(layer.self_attn.qkv_proj, attn + "qkv_proj", *(attn + f"{x}_proj.weight" for x in "qkv"), bias=bias)
+        linear(layer.self_attn.o_proj, attn + "o_proj", attn + "o_proj.weight")
+        linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
+        linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
+        norm(layer.input_layernorm, f"layers.{i}.input_layernorm")
+        norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
     leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]
     if leftover:
         raise ValueError(f"{folder}: weights this Llama-family loader does not use: {leftover[:5]}")

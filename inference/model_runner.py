@@ -14,6 +14,7 @@ import torch
 
 import kernels
 from inference.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from inference.lora_slots import LoRAManager
 from inference.model import AttentionMetadata, ModelConfig, load_model
 from inference.scheduler import ScheduledSeq
 
@@ -44,6 +45,8 @@ class ModelRunner:
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(self.cfg.num_layers)
         ]
+        self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
+                                 self.dtype) if args.enable_lora else None)
 
     def _num_blocks(self, args: EngineArgs) -> int:
         per_block = kv_block_bytes(self.cfg, self.block_size, self.dtype)
@@ -67,10 +70,19 @@ class ModelRunner:
     def execute(
         self, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]]
     ) -> torch.Tensor:
-        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`."""
+        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`, in that order.
+
+        With LoRA the batch's rows are laid out grouped by adapter (`LoRAManager.row_order`); nothing
+        outside this method sees that order.
+        """
         if block_copies:
             mapping = torch.tensor(block_copies, dtype=torch.int64, device=self.device)
             self.ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+        if self.lora is not None:
+            order = self.lora.row_order([item.seq.request.adapter for item in scheduled])
+            position = {i: k for k, i in enumerate(order)}
+            scheduled = [scheduled[i] for i in order]
+            sample_rows = [position[i] for i in sample_rows]
         input_ids, positions, slots, ctx_lens, q_starts = [], [], [], [], [0]
         bs = self.block_size
         for item in scheduled:
@@ -95,8 +107,14 @@ class ModelRunner:
             query_start_loc=tensor(q_starts, torch.int32),
             is_decode=len(input_ids) == len(scheduled),
         )
-        hidden = self.model(
-            tensor(input_ids, torch.int64), tensor(positions, torch.int64), self.kv_caches, meta, self.ops
-        )
+        if self.lora is not None:
+            self.lora.begin_step([(item.seq.request.adapter, item.num_new_tokens) for item in scheduled])
+        try:
+            hidden = self.model(
+                tensor(input_ids, torch.int64), tensor(positions, torch.int64), self.kv_caches, meta, self.ops
+            )
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
         last_rows = tensor([q_starts[i + 1] - 1 for i in sample_rows], torch.int64)
         return self.model.compute_logits(hidden[last_rows])

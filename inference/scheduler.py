@@ -8,7 +8,9 @@ Every step, in this order:
 2. Waiting sequences, first come first served, while the budgets and free blocks allow (none are
    admitted in a step that preempted, so memory pressure is not made worse). A prompt larger than the
    remaining token budget is prefilled in chunks over several steps (chunked prefill), so a long prompt
-   never stalls the running decodes.
+   never stalls the running decodes. With LoRA, a sequence is admitted only once its adapter holds a
+   device slot; one whose adapter cannot get a slot yet (every slot serves running sequences) is passed
+   over, keeping its place in line, while sequences of the base model or of resident adapters go ahead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from inference.block_manager import BlockManager, IntegrityError
+from inference.lora_slots import LoRAManager
 from inference.sequence import Sequence, SequenceStatus
 
 
@@ -37,8 +40,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 lora: LoRAManager | None = None) -> None:
         self.block_manager = block_manager
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -80,6 +85,7 @@ class Scheduler:
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
 
+        passed_over: list[Sequence] = []
         while self.waiting and budget > 0 and not out.preempted:
             seq = self.waiting[0]
             seats = 1 if seq.request.forked else seq.request.params.n
@@ -90,6 +96,9 @@ class Scheduler:
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
             self.waiting.popleft()
+            if not self._adapter_ready(seq):
+                passed_over.append(seq)
+                continue
             self.block_manager.admit(seq, cached)
             if not self.block_manager.allocate(seq, num_new):  # can_admit said it fits
                 raise IntegrityError(f"seq {seq.seq_id} was admitted but its first chunk could not be allocated")
@@ -98,7 +107,16 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(passed_over))
         return out
+
+    def _adapter_ready(self, seq: Sequence) -> bool:
+        """Whether the sequence's adapter (if any) is in a device slot, loading it into a free one if it can."""
+        adapter = seq.request.adapter
+        if adapter is None:
+            return True
+        in_use = (s.request.adapter.digest for s in self.running if s.request.adapter is not None)
+        return self.lora.acquire(adapter, in_use)
 
     def _count_prefix_query(self, seq: Sequence, num_cached_blocks: int) -> None:
         hit_tokens = num_cached_blocks * self.block_manager.block_size

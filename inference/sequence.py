@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from inference.lora import LoRAAdapter
 from inference.sampling_params import SamplingParams
 
 
@@ -106,6 +107,8 @@ class Request:
     params: SamplingParams
     eos_token_id: int | None
     cache_salt: str | None = None
+    # The LoRA adapter this request runs under (inference.lora.LoRAAdapter); None for the base model.
+    adapter: LoRAAdapter | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     seqs: list[Sequence] = field(default_factory=list)
     # False until the prompt is prefilled and (for n > 1) the sequence forked into n samples.

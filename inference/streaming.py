@@ -36,6 +36,7 @@ from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
 from inference.engine import LLMEngine, load_tokenizer
 from inference.llm import encode_chat
+from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
 from inference.outputs import RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
@@ -139,8 +140,12 @@ class StreamingEngine:
         request_id: str | None = None,
         messages: list[dict] | None = None,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
-        """Queue a request; raises ValueError (and changes nothing) if it is invalid."""
+        """Queue a request; raises ValueError (and changes nothing) if it is invalid.
+
+        A `lora_request`'s adapter is loaded (and checked) here, in the caller's thread.
+        """
         request_id = request_id or uuid.uuid4().hex
         with self._tokenizer_lock:
             if messages is not None:
@@ -151,7 +156,8 @@ class StreamingEngine:
                 prompt = {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=False)}
             else:
                 raise ValueError("give a prompt (text or token ids) or messages")
-        request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt)
+        request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt,
+                                           lora_request=lora_request)
         stream = RequestStream(request_id, len(request.prompt_token_ids))
         with self._lock:
             if self._closed is not None:

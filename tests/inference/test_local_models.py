@@ -1,30 +1,12 @@
 """Any local Llama-family HF folder loads: tiny random Llama (untied head) and Qwen2 (q/k/v bias) models
 saved by transformers give HF's greedy tokens through our engine."""
 
-import shutil
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from inference import LLM, SamplingParams
-from inference.model_loader import DEFAULT_MODEL, resolve_model
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-SHAPE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-
-
-def save_tiny(folder, model_cls, config):
-    torch.manual_seed(0)
-    model = model_cls(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():  # larger weights than the init, so the argmax is decisive
-            param.normal_(0, 0.2)
-    model.save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        shutil.copy(resolve_model(DEFAULT_MODEL) / name, folder / name)
-    return model
+from tests.inference.tiny_models import SHAPE, save_tiny
 
 
 @pytest.mark.parametrize("model_cls, config", [

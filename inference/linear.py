@@ -1,0 +1,118 @@
+"""The model's weight matmuls: a `Linear` layer whose weight is stored in a representation it owns.
+
+Every matmul against model weights (q/k/v, o, gate/up, down, lm_head) goes through `Linear.forward`, so
+the way a weight is stored (float, or a quantized format from `inference.quantization`) is one object,
+`Linear.weight`, that the loader picks and that knows how to multiply by itself. Later hooks (a LoRA delta,
+tensor-parallel sharding) wrap `forward` in one place.
+
+A fused layer (q/k/v, gate/up) is one matmul whose output is the concatenation of its parts;
+`output_sizes` says where the parts end, and `split` cuts an output back into them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearWeight(nn.Module):
+    """A `[out_features, in_features]` weight in some storage format; `matmul(x)` is `x @ W.T`.
+
+    Subclasses keep their tensors as parameters or buffers, so `module.to(dtype)` converts the floating
+    ones (scales, zeros) to the activation dtype and leaves integer codes alone.
+    """
+
+    out_features: int
+    in_features: int
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight values this representation multiplies by, as a float32 `[out, in]` tensor."""
+        raise NotImplementedError
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight (an embedding lookup when the weight is tied to the embedding)."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this weight keeps resident (codes, scales and zeros)."""
+        return sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
+
+
+class FloatWeight(LinearWeight):
+    """A plain floating-point weight: the default, and the HF-oracle path."""
+
+    def __init__(self, value: torch.Tensor | nn.Parameter) -> None:
+        super().__init__()
+        self.out_features, self.in_features = value.shape
+        self.value = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.value)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.value.detach().float()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.value)
+
+
+class Linear(nn.Module):
+    """`y = x @ W.T (+ b)`; the weight's representation is swapped in by `load`, the bias stays float."""
+
+    def __init__(self, in_features: int, output_sizes: int | list[int], bias: bool = False) -> None:
+        super().__init__()
+        self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
+        self.in_features, self.out_features = in_features, sum(self.output_sizes)
+        self.weight: LinearWeight = FloatWeight(torch.empty(self.out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        # With LoRA enabled, the engine's per-slot adapter delta (inference.lora_slots.LoRALayer).
+        self.lora = None
+
+    def load(self, weight: LinearWeight, bias: torch.Tensor | None = None) -> None:
+        """Install `weight` (already fused in `output_sizes` order) and, for a biased layer, its bias."""
+        if (weight.out_features, weight.in_features) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"weight is [{weight.out_features}, {weight.in_features}], "
+                f"the layer needs [{self.out_features}, {self.in_features}]"
+            )
+        if (bias is None) != (self.bias is None):
+            raise ValueError("a bias was given for a layer without one, or is missing" if bias is not None
+                             else "this layer needs a bias")
+        self.weight = weight
+        if bias is not None:
+            self.bias.data = bias.to(self.bias.device, self.bias.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.weight.matmul(x)
+        if self.bias is not None:
+            y = y + self.bias
+        if self.lora is not None:
+            self.lora.add_delta(x, y)
+        return y
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Cut a fused layer's output into its parts (q, k, v or gate, up)."""
+        return y.split(self.output_sizes, dim=-1)
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding whose table is a `LinearWeight`, so a tied lm_head shares it in any format."""
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.weight: LinearWeight = FloatWeight(torch.empty(vocab_size, hidden_size))
+
+    def load(self, weight: LinearWeight) -> None:
+        if (weight.out_features, weight.in_features) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"table is [{weight.out_features}, {weight.in_features}], "
+                             f"the config says [{self.vocab_size}, {self.hidden_size}]")
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids)
