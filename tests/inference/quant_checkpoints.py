@@ -71,7 +71,7 @@ def pack_nibbles(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(
     for i, j in enumerate(order):
         packed |= eights[..., j] << (4 * i)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # reinterpret as signed int32
-    return packed.to(torch.int32).movedim(-1, dim)
+    return packed.to(torch.int32).movedim(-1, dim).contiguous()
 
 
 def pack_awq(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
