@@ -8,7 +8,8 @@ Every step, in this order:
 2. Waiting sequences, first come first served, while the budgets and free blocks allow (none are
    admitted in a step that preempted, so memory pressure is not made worse). A prompt larger than the
    remaining token budget is prefilled in chunks over several steps (chunked prefill), so a long prompt
-   never stalls the running decodes.
+   never stalls the running decodes. A request whose grammar is still compiling (structured outputs)
+   is passed over until it is ready.
 """
 
 from __future__ import annotations
@@ -80,8 +81,11 @@ class Scheduler:
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
 
-        while self.waiting and budget > 0 and not out.preempted:
-            seq = self.waiting[0]
+        for seq in list(self.waiting):
+            if budget == 0 or out.preempted:
+                break
+            if not seq.request.grammar_ready:
+                continue  # its grammar is still compiling; those behind it need not wait for it
             seats = 1 if seq.request.forked else seq.request.params.n
             if self._seats_taken() + seats > self.max_num_seqs:
                 break
@@ -89,7 +93,7 @@ class Scheduler:
             num_new = min(len(seq.token_ids) - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
             assert self.block_manager.allocate(seq, num_new)
             self._count_prefix_query(seq, len(cached))
