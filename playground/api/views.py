@@ -20,7 +20,8 @@ from playground.serving.client import GenerationFailed, Job, generate
 from .auth import authenticate
 from .errors import ApiError
 from .responses import Shape, sse
-from .schema import parse_body, parse_chat, parse_completion
+from .structured import api_message
+from .schema import ApiRequest, parse_body, parse_chat, parse_completion
 
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "server_error": 500}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -53,9 +54,9 @@ def _read_body(request: HttpRequest) -> dict[str, Any]:
     return parse_body(raw, max_bytes)
 
 
-def _failure(exc: GenerationFailed) -> ApiError:
+def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
     status = FAILURE_STATUS.get(exc.code, 500)
-    return ApiError(status, str(exc), code=exc.code if status == 400 else None)
+    return ApiError(status, api_message(api_request.structured, str(exc)), code=exc.code if status == 400 else None)
 
 
 def _method_not_allowed(allowed: str) -> HttpResponse:
@@ -112,7 +113,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         first = await anext(events)
     except GenerationFailed as exc:
         await _finish(events, admission, None)
-        return _failure(exc).response()
+        return _failure(exc, api_request).response()
     except BaseException:
         await _finish(events, admission, None)
         raise
@@ -125,7 +126,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     try:
         done = first if first["type"] == "gen.done" else await _last(events)
     except GenerationFailed as exc:
-        return _failure(exc).response()
+        return _failure(exc, api_request).response()
     finally:
         await _finish(events, admission, done)
     return JsonResponse(shape.completion(done))
@@ -167,12 +168,12 @@ async def _stream(shape: Shape, first: dict[str, Any], events, admission: limits
                 if shape.request.include_usage:
                     yield sse(shape.usage_chunk(done))
                 break
-            for piece in event["chunks"]:
+            for piece in event["chunks"] if shape.streams_text else []:
                 sent[piece["index"]] = sent.get(piece["index"], "") + piece["text"]
                 yield sse(shape.chunk(piece["index"], piece["text"]))
             event = await anext(events)
     except GenerationFailed as exc:
-        yield sse(_failure(exc).body())
+        yield sse(_failure(exc, shape.request).body())
     except StopAsyncIteration:
         yield sse(ApiError(500, "the request ended without a result").body())
     finally:
