@@ -14,10 +14,11 @@ from playground.api.errors import ApiError
 from playground.api.responses import Shape
 from playground.api.schema import parse_chat
 from playground.api.structured import api_message
+from playground.serving.web import sampling
 
 MODEL = "smollm2-135m-instruct"
-DEFAULTS = {**settings.PLAYGROUND_SAMPLING_DEFAULTS, "temperature": 1.0}
 LIMITS = settings.PLAYGROUND_LIMITS
+DEFAULTS = sampling.api_defaults(True, LIMITS)
 CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -13,8 +13,8 @@ from playground.dashboard import feed, snapshot
 from playground.dashboard.consumers import CLOSE_FORBIDDEN, CLOSE_LOGIN_REQUIRED
 from playground.dashboard.publisher import SnapshotPublisher
 from playground.dashboard.stats import LatencyStats, ThroughputMeter, percentiles
-from playground.serving import registry
-from playground.serving.naming import CONTROL_GROUP
+from playground.serving.shared import registry
+from playground.serving.shared.naming import CONTROL_GROUP
 
 ORIGIN = (b"origin", b"http://127.0.0.1")
 BLOCK_SIZE = 16
@@ -264,7 +264,7 @@ def test_memory_socket_actions_reach_the_workers(staff):
         for bad, message in [
             ({"type": "abort", "worker": "w1"}, "request_id must be a non-empty string"),
             ({"type": "explode", "worker": "w1"}, "type must be 'abort' or 'reset_prefix_cache'"),
-            ([1, 2], "a frame must be a JSON object"),
+            ([1, 2], "frame must be a JSON object"),
         ]:
             await ws.send_json_to(bad)
             assert await ws.receive_json_from(timeout=5) == {"type": "error", "message": message}
