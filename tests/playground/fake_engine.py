@@ -7,8 +7,8 @@ and returns the engine's real output types, so `EngineService.summarize` runs on
 import queue
 import threading
 import time
-from dataclasses import dataclass
 
+from inference import EngineDeadError, EngineHealth
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.sequence import RequestMetrics
@@ -23,13 +23,6 @@ class FakeStream:
 
     def get(self, timeout: float | None = None) -> StreamDelta | None:
         return self._queue.get(timeout=timeout)
-
-
-@dataclass(frozen=True)
-class EngineHealth:
-    alive: bool
-    error: str | None
-    last_step_at: float | None
 
 
 class FakeStreamingEngine:
@@ -59,7 +52,7 @@ class FakeStreamingEngine:
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None):
         last = messages[-1]["content"] if messages is not None else prompt
         if self.error is not None:
-            raise RuntimeError("the engine loop is dead")
+            raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params})
@@ -78,7 +71,7 @@ class FakeStreamingEngine:
             if stop.wait(self.delay):
                 reason = "abort"
                 break
-            self.last_step_at = time.monotonic()
+            self.last_step_at = time.time()
             if metrics.first_token_time is None:
                 metrics.first_token_time = time.perf_counter()
             for i, reply in enumerate(replies):

@@ -92,13 +92,16 @@ class EngineService:
         prompt: str | None = None,
     ) -> RequestStream:
         """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None);
-        raises ValueError (nothing queued) when the engine refuses it."""
-        from inference import SamplingParams
+        raises ValueError (nothing queued) when the engine refuses it, EngineUnavailable when it cannot serve."""
+        from inference import EngineDeadError, SamplingParams
 
         engine = self.wait_ready(0)
-        return engine.add_request(
-            prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
-        )
+        try:
+            return engine.add_request(
+                prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
+            )
+        except EngineDeadError as exc:  # the loop died since wait_ready looked
+            raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
 
     def result(self, stream: RequestStream) -> dict[str, Any]:
         """The `done` payload of a stream that has ended: outputs, usage and timing (docs/protocol.md).
