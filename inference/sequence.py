@@ -99,6 +99,7 @@ class RequestMetrics:
     # Constrained requests: per output index, per generated token, how many vocabulary tokens the grammar
     # mask removed from the candidates (see inference.structured_outputs).
     masked_tokens: dict[int, list[int]] = field(default_factory=dict)
+    mask_vocab_size: int | None = None  # the vocabulary those counts are out of
 
     @property
     def ttft(self) -> float | None:

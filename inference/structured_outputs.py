@@ -273,7 +273,9 @@ class StructuredOutputManager:
         allowed = _unpack(bitmask, self.vocab_size)
         removed = (self.vocab_size - allowed.sum(-1)).tolist()
         for i, count in zip(rows, removed):
-            seqs[i].request.metrics.masked_tokens.setdefault(seqs[i].index, []).append(count)
+            metrics = seqs[i].request.metrics
+            metrics.masked_tokens.setdefault(seqs[i].index, []).append(count)
+            metrics.mask_vocab_size = self.vocab_size
         return TokenMask(rows, allowed)
 
     def _matcher(self, seq: Sequence):

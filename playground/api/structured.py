@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from playground.serving.web.edge import InvalidInput
+
 from .errors import ApiError
 
 FIELDS = {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
@@ -53,7 +55,10 @@ class Structured:
 
 def parse(body: Mapping[str, Any]) -> Structured:
     """Read response_format, tools and tool_choice; raise ApiError (400) naming the field."""
-    json_constraint = _response_format(body.get("response_format"))
+    try:
+        json_constraint = response_format_constraint(body.get("response_format"))
+    except InvalidInput as exc:
+        raise ApiError(400, str(exc), param="response_format") from None
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     parallel = body.get("parallel_tool_calls")
@@ -75,7 +80,9 @@ def parse(body: Mapping[str, Any]) -> Structured:
     return Structured({"json": schema}, "tools", offered, _tool_prompt(body["tools"], offered, choice == "auto"))
 
 
-def _response_format(value: Any) -> dict[str, Any] | None:
+def response_format_constraint(value: Any) -> dict[str, Any] | None:
+    """The StructuredOutputsParams kwargs of an OpenAI `response_format` (None for text); the chat socket's
+    generate frame takes the same field. Raises InvalidInput."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
@@ -84,20 +91,18 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "json_object" and set(value) == {"type"}:
         return {"json_object": True}
     if kind != "json_schema" or set(value) != {"type", "json_schema"}:
-        raise ApiError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
-                            "{'type': 'json_schema', 'json_schema': {...}}", param="response_format")
+        raise InvalidInput("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                           "{'type': 'json_schema', 'json_schema': {...}}")
     spec = value["json_schema"]
     if not isinstance(spec, dict) or set(spec) - {"name", "description", "schema", "strict"}:
-        raise ApiError(400, "response_format.json_schema must be an object with name, schema and optionally "
-                            "description and strict", param="response_format")
+        raise InvalidInput("response_format.json_schema must be an object with name, schema and optionally "
+                           "description and strict")
     if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
-        raise ApiError(400, "response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-'",
-                       param="response_format")
+        raise InvalidInput("response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-'")
     if not isinstance(spec.get("schema"), dict):
-        raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object",
-                       param="response_format")
+        raise InvalidInput("response_format.json_schema.schema must be a JSON schema object")
     if spec.get("strict") not in (None, True, False):
-        raise ApiError(400, "response_format.json_schema.strict must be a boolean", param="response_format")
+        raise InvalidInput("response_format.json_schema.strict must be a boolean")
     return {"json": spec["schema"]}
 
 

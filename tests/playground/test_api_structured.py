@@ -1,14 +1,12 @@
-"""response_format and tools on /v1/chat/completions: the constraint the request builds and the reply read
-back (fast, no server), then the official `openai` client against the running playground (slow): JSON
-schema replies that validate, refused schemas as 400s naming the problem, and a tool-call round trip."""
+"""response_format and tools on /v1/chat/completions: the constraint a request builds and the reply read back,
+without a server (fast). The official `openai` client against the running playground: test_api.py."""
 import json
 import re
 
 import jsonschema
-import openai
 import pytest
-from api_server import start
 from django.conf import settings
+from structured_cases import TOOLS, WEATHER_CHAT
 
 from playground.api.errors import ApiError
 from playground.api.responses import Shape
@@ -19,16 +17,7 @@ from playground.serving.web import sampling
 MODEL = "smollm2-135m-instruct"
 LIMITS = settings.PLAYGROUND_LIMITS
 DEFAULTS = sampling.api_defaults(True, LIMITS)
-CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
-WEATHER = {"type": "object",
-           "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"]}  # fmt: skip
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
-]  # fmt: skip
+CHAT = WEATHER_CHAT
 
 
 def chat(**body):
@@ -141,73 +130,3 @@ def test_engine_refusals_are_named_in_the_request_terms():
     assert api_message(tools_request.structured, engine) == (
         "tools: invalid JSON schema at function 'get_weather' parameters /properties/unit/type: 'x' is not valid")
     assert api_message(chat().structured, "prompt too long") == "prompt too long"
-
-
-# --- against the running playground ----------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    live = start(tmp_path_factory.mktemp("api-structured"))
-    yield live
-    live.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.api_base, api_key=server.api_key("alice"), max_retries=0, timeout=300)
-
-
-@pytest.mark.slow
-def test_openai_client_json_schema_replies_validate(client, server):
-    response_format = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
-    reply = client.chat.completions.create(model=MODEL, messages=CHAT, response_format=response_format,
-                                           temperature=1.0, seed=3, n=2, max_tokens=48)  # fmt: skip
-    for choice in reply.choices:
-        assert choice.finish_reason == "stop"
-        jsonschema.validate(json.loads(choice.message.content), WEATHER)
-    streamed = client.chat.completions.create(model=MODEL, messages=CHAT, response_format=response_format,
-                                              temperature=0, max_tokens=48, stream=True)  # fmt: skip
-    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed if c.choices)), WEATHER)
-    server.wait_idle()
-
-
-@pytest.mark.slow
-def test_openai_client_refused_schema_is_400_naming_the_problem(client, server):
-    bad = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
-    for stream in (False, True):
-        with pytest.raises(openai.BadRequestError) as refused_schema:
-            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, stream=stream,
-                                           response_format={"type": "json_schema",
-                                                            "json_schema": {"name": "t", "schema": bad}})  # fmt: skip
-        message = refused_schema.value.body["message"]
-        assert message.startswith("response_format.json_schema.schema:") and "/properties/tags/uniqueItems" in message
-    with pytest.raises(openai.BadRequestError) as refused_tool:
-        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, tool_choice="required", tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])  # fmt: skip
-    assert "function 'f' parameters" in refused_tool.value.body["message"]
-    server.wait_idle()
-
-
-@pytest.mark.slow
-def test_openai_client_tool_call_round_trip(client, server):
-    first = client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, tool_choice="required",
-                                           temperature=0, max_tokens=48)  # fmt: skip
-    choice = first.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    [call] = choice.message.tool_calls
-    arguments = json.loads(call.function.arguments)
-    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
-    jsonschema.validate(arguments, schema)
-    # Streamed, the call arrives as a tool_calls delta the client's chunks carry.
-    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, tool_choice="required",
-                                                 temperature=0, max_tokens=48, stream=True))  # fmt: skip
-    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
-    assert [d.function.name for d in deltas] == [call.function.name]
-    assert json.loads(deltas[0].function.arguments) == arguments
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    # The result goes back as a tool message; the model answers in text.
-    messages = [*CHAT, choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
-    second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
-                                            temperature=0, max_tokens=24)  # fmt: skip
-    assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
-    server.wait_idle()
