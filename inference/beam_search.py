@@ -31,12 +31,17 @@ class BeamSearchParams:
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     ignore_eos: bool = False
+    # Refused when set: a grammar mask would need a matcher per beam, forked at every step.
+    structured_outputs: object | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.beam_width, int) or self.beam_width < 1:
             raise ValueError(f"BeamSearchParams.beam_width must be an integer >= 1, got {self.beam_width!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"BeamSearchParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.structured_outputs is not None:
+            raise ValueError("BeamSearchParams.structured_outputs: beam search does not support structured "
+                             "outputs; sample instead (SamplingParams(n=..., structured_outputs=...))")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"BeamSearchParams.early_stopping must be True, False or 'never', "
                              f"got {self.early_stopping!r}")

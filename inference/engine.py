@@ -23,6 +23,7 @@ from inference.sampler import sample
 from inference.sampling_params import SamplingParams
 from inference.scheduler import Scheduler
 from inference.sequence import Request, Sequence, SequenceStatus
+from inference.structured_outputs import StructuredOutputManager
 
 
 class LLMEngine:
@@ -44,6 +45,7 @@ class LLMEngine:
                                    self.runner.lora)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.structured = StructuredOutputManager(self.tokenizer, self.runner.cfg.vocab_size)
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -84,6 +86,9 @@ class LLMEngine:
         if params.n > self.args.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.args.max_num_seqs}")
         adapter = self._adapter(lora_request)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.structured.request_grammar(params.structured_outputs)
         return Request(
             request_id=request_id,
             prompt=text,
@@ -93,6 +98,7 @@ class LLMEngine:
             cache_salt=cache_salt,
             adapter=adapter,
             arrival_time=arrival_time if arrival_time is not None else time.perf_counter(),
+            grammar=grammar,
         )
 
     def _adapter(self, lora_request: LoRARequest | None) -> LoRAAdapter | None:
@@ -141,9 +147,12 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch step; return outputs (cumulative) for every request that made progress."""
+        failed = self._fail_uncompiled_grammars()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
-            return []
+            # Only requests whose grammar is compiling are left: sleep until one is ready, not spin.
+            self.structured.wait_for_grammars(self.scheduler.waiting)
+            return failed
         now = time.perf_counter()
         for item in plan.scheduled:
             seq = item.seq
@@ -177,17 +186,31 @@ class LLMEngine:
                 rows.append(row)
         now = time.perf_counter()
         if seqs:
-            result = sample(logits[rows], seqs)
+            result = sample(logits[rows], seqs, self.structured.token_mask(seqs))
             for seq, token, logprobs, sampled_logprob in zip(seqs, result.token_ids, result.logprobs,
                                                              result.sampled_logprobs):
+                self.structured.accept(seq, token)
                 self._append_token(seq, token, logprobs, sampled_logprob, now)
                 touched[seq.request_id] = seq.request
-        outputs = []
+        outputs = failed
         for request in touched.values():
             if request.is_finished:
                 request.metrics.finished_time = now
                 del self.requests[request.request_id]
             outputs.append(RequestOutput.from_request(request))
+        return outputs
+
+    def _fail_uncompiled_grammars(self) -> list[RequestOutput]:
+        """End the waiting requests whose grammar failed to compile (aborted, the error as stop reason)."""
+        outputs = []
+        for request in {seq.request_id: seq.request for seq in self.scheduler.waiting}.values():
+            error = self.structured.compile_error(request)
+            if error is not None:
+                for seq in request.seqs:
+                    self._finish(seq, "abort", error)
+                request.metrics.finished_time = time.perf_counter()
+                del self.requests[request.request_id]
+                outputs.append(RequestOutput.from_request(request))
         return outputs
 
     def make_beam_request(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> Request:
@@ -294,6 +317,8 @@ class LLMEngine:
             self._finish(seq, "stop")
         elif num_out >= params.min_tokens and token in params.stop_token_ids:
             self._finish(seq, "stop", token)
+        elif self.structured.is_terminated(seq):
+            self._finish(seq, "stop")
         elif params.max_tokens is not None and num_out >= params.max_tokens:
             self._finish(seq, "length")
         elif len(seq.token_ids) >= self.max_model_len:

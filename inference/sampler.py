@@ -1,10 +1,11 @@
 """Turn one logits row per sequence into one token per sequence, vectorised over the batch.
 
-Order of operations (as in vLLM): penalties on the raw logits, then temperature, then top-k, top-p and
+Order of operations (as in vLLM): the grammar mask of constrained rows (structured outputs: disallowed
+tokens get -inf, so nothing after can pick them), penalties, then temperature, then top-k, top-p and
 min-p filtering, then sampling. Greedy rows take the argmax of the penalised logits. Random rows draw by
 inverse CDF from one uniform number per row; a seeded sequence takes its number from its own
 `torch.Generator`, so its tokens do not depend on what else is in the batch.
-Log-probabilities, when asked for, come from the raw logits, before any of the processing.
+Log-probabilities, when asked for, come from the masked logits, before any of the other processing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from inference.sampling_params import SamplingParams
 from inference.sequence import Sequence
+from inference.structured_outputs import TokenMask
 
 
 @dataclass
@@ -121,9 +123,19 @@ def _sample_random(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return tokens
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-    """One token per row of `logits` [num_seqs, vocab] (float32), following each sequence's params."""
+def _apply_mask(logits: torch.Tensor, mask: TokenMask) -> torch.Tensor:
+    """The logits with every token a constrained row's grammar disallows set to -inf (one masked_fill)."""
+    index = torch.tensor(mask.rows, device=logits.device)
+    allowed = mask.allowed.to(logits.device)
+    return logits.index_put((index,), logits[index].masked_fill(~allowed, float("-inf")))
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], mask: TokenMask | None = None) -> SamplerOutput:
+    """One token per row of `logits` [num_seqs, vocab] (float32), following each sequence's params and,
+    for constrained rows, the grammar `mask`."""
     params = [s.request.params for s in seqs]
+    if mask is not None:
+        logits = _apply_mask(logits, mask)
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = logits.log_softmax(-1)

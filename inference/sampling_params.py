@@ -2,7 +2,49 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on a request's output, in vLLM's shape; exactly one field is set.
+
+    `json`: a JSON schema (dict or JSON text); `regex`: a regular expression the whole output matches;
+    `choice`: the output is exactly one of these strings; `grammar`: an EBNF grammar (xgrammar's dialect,
+    rule `root`); `json_object`: any JSON object; `structural_tag`: an xgrammar structural tag (dict or
+    JSON text), e.g. free text or a JSON tool call. Only the shape is checked here; whether the schema or
+    grammar compiles is checked by `inference.structured_outputs` when the engine takes the request.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict | None = None
+
+    def __post_init__(self) -> None:
+        chosen = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(chosen) != 1:
+            raise ValueError("StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
+                             f"json_object, structural_tag; got {', '.join(chosen) or 'none'}")
+        kind = chosen[0]
+        value = getattr(self, kind)
+        if kind in ("json", "structural_tag") and not isinstance(value, (str, dict)):
+            raise ValueError(f"StructuredOutputsParams.{kind} must be a dict or JSON text, got {type(value).__name__}")
+        if kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
+            raise ValueError(f"StructuredOutputsParams.{kind} must be a non-empty string")
+        if kind == "choice" and (not isinstance(value, list) or not value
+                                 or not all(isinstance(c, str) and c for c in value)):
+            raise ValueError("StructuredOutputsParams.choice must be a non-empty list of non-empty strings")
+        if kind == "json_object" and value is not True:
+            raise ValueError("StructuredOutputsParams.json_object must be True when given")
+
+    @property
+    def kind(self) -> str:
+        """The name of the one field that is set."""
+        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
 
 
 @dataclass
@@ -31,6 +73,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # A grammar the output must follow (inference.structured_outputs); a dict is taken as its fields,
+    # which is how the params travel from the web process to a worker.
+    structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     MAX_LOGPROBS = 20
@@ -76,6 +121,14 @@ class SamplingParams:
         self.stop_token_ids = list(ids)
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:  # an unknown field
+                raise ValueError(f"SamplingParams.structured_outputs: {exc}") from exc
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                    StructuredOutputsParams):
+            fail("structured_outputs", "must be a StructuredOutputsParams, a dict of its fields or None")
 
     @property
     def greedy(self) -> bool:

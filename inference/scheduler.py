@@ -11,6 +11,8 @@ Every step, in this order:
    never stalls the running decodes. With LoRA, a sequence is admitted only once its adapter holds a
    device slot; one whose adapter cannot get a slot yet (every slot serves running sequences) is passed
    over, keeping its place in line, while sequences of the base model or of resident adapters go ahead.
+   A request whose grammar is still compiling (structured outputs) is passed over the same way until it
+   is ready.
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ class Scheduler:
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
 
-        passed_over: list[Sequence] = []
-        while self.waiting and budget > 0 and not out.preempted:
-            seq = self.waiting[0]
+        for seq in list(self.waiting):
+            if budget == 0 or out.preempted:
+                break
+            if not seq.request.grammar_ready:
+                continue  # its grammar is still compiling; those behind it need not wait for it
             seats = 1 if seq.request.forked else seq.request.params.n
             if self._seats_taken() + seats > self.max_num_seqs:
                 break
@@ -95,10 +99,9 @@ class Scheduler:
             num_new = min(len(seq.token_ids) - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
-            self.waiting.popleft()
             if not self._adapter_ready(seq):
-                passed_over.append(seq)
-                continue
+                continue  # its adapter waits for a device slot; it keeps its place in line
+            self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
             if not self.block_manager.allocate(seq, num_new):  # can_admit said it fits
                 raise IntegrityError(f"seq {seq.seq_id} was admitted but its first chunk could not be allocated")
@@ -107,7 +110,6 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
-        self.waiting.extendleft(reversed(passed_over))
         return out
 
     def _adapter_ready(self, seq: Sequence) -> bool:

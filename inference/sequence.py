@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,9 @@ class Sequence:
     # Characters of output_text and output tokens already handed to streaming clients.
     num_emitted_chars: int = 0
     num_emitted_tokens: int = 0
+    # The grammar state after this sequence's output, when its request is constrained (an xgrammar
+    # GrammarMatcher; see inference.structured_outputs).
+    matcher: object | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -93,6 +97,10 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_computed_prompt_tokens: int = 0
+    # Constrained requests: per output index, per generated token, how many vocabulary tokens the grammar
+    # mask removed from the candidates (see inference.structured_outputs).
+    masked_tokens: dict[int, list[int]] = field(default_factory=dict)
+    mask_vocab_size: int | None = None  # the vocabulary those counts are out of
 
     @property
     def ttft(self) -> float | None:
@@ -115,6 +123,8 @@ class Request:
     forked: bool = False
     # Set for beam-search requests (inference.beam_search.BeamState); None for sampling.
     beam: object | None = None
+    # The compiled grammar the output must follow (a Future: it compiles in the background), or None.
+    grammar: Future | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,3 +140,8 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return all(seq.is_finished for seq in self.seqs)
+
+    @property
+    def grammar_ready(self) -> bool:
+        """False while the request's grammar is still compiling: the scheduler does not admit it yet."""
+        return self.grammar is None or self.grammar.done()

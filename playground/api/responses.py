@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import structured
 from .schema import ApiRequest
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
@@ -79,12 +80,13 @@ class Shape:
         choices = []
         for output in done["outputs"]:
             choice: dict[str, Any] = {"index": output["index"]}
+            reason = FINISH_REASONS.get(output["finish_reason"], output["finish_reason"])
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": output["text"]}
+                choice["message"], reason = structured.reply(self.request.structured, output["text"], reason)
             else:
                 choice["text"] = output["text"]
             choice["logprobs"] = self._logprobs(output)
-            choice["finish_reason"] = FINISH_REASONS.get(output["finish_reason"], output["finish_reason"])
+            choice["finish_reason"] = reason
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         body["usage"] = usage(done["usage"])
@@ -105,6 +107,11 @@ class Shape:
         choice["finish_reason"] = FINISH_REASONS.get(finish_reason, finish_reason)
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
+    @property
+    def streams_text(self) -> bool:
+        """False for replies that may be tool calls: their JSON text is sent whole in the closing chunk."""
+        return self.request.structured is None or not self.request.structured.tool_replies
+
     def first_chunks(self) -> list[dict[str, Any]]:
         """Chat streams open each choice with the assistant role, as OpenAI's do."""
         return [self.chunk(i, "", role=True) for i in range(self.request.params["n"])] if self.chat else []
@@ -114,10 +121,23 @@ class Shape:
         logprobs of a whole choice travel here; clients concatenate them across chunks, so it adds up.)"""
         chunks = []
         for output in done["outputs"]:
+            if not self.streams_text:
+                chunks.append(self._reply_chunk(output))
+                continue
             already = sent.get(output["index"], "")
             rest = output["text"][len(already):] if output["text"].startswith(already) else ""
             chunks.append(self.chunk(output["index"], rest, output["finish_reason"], self._logprobs(output)))
         return chunks
+
+    def _reply_chunk(self, output: dict[str, Any]) -> dict[str, Any]:
+        """A whole reply as one closing chunk: its content, or its tool calls (with their index)."""
+        reason = FINISH_REASONS.get(output["finish_reason"], output["finish_reason"])
+        message, reason = structured.reply(self.request.structured, output["text"], reason)
+        chunk = self.chunk(output["index"], message["content"], reason, self._logprobs(output))
+        if "tool_calls" in message:
+            chunk["choices"][0]["delta"]["tool_calls"] = [{"index": i, **call}
+                                                          for i, call in enumerate(message["tool_calls"])]
+        return chunk
 
     def usage_chunk(self, done: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])

@@ -14,12 +14,14 @@ from playground.serving.web.edge import InvalidInput, TooLarge, parse_json_objec
 from playground.serving.web.sampling import NAMES as SAMPLING
 from playground.serving.web.sampling import validate_sampling
 
+from . import structured
 from .errors import ApiError
+from .structured import Structured
 
 # Accepted and ignored: bookkeeping fields some clients always send.
 IGNORED = {"user", "metadata", "store", "service_tier"}
 COMMON = {"model", "stream", "stream_options"} | SAMPLING | IGNORED
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"} | structured.FIELDS
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -36,6 +38,7 @@ class ApiRequest:
     top_logprobs: int | None  # alternatives per token to return; None = no logprobs
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    structured: Structured | None = None  # response_format / tools (chat only)
 
 
 def parse_body(raw: bytes, limits: Mapping[str, int], max_bytes: int) -> dict[str, Any]:
@@ -145,13 +148,18 @@ def parse_chat(body: Mapping[str, Any], served_model: str, defaults: Mapping[str
         raise ApiError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
     top_logprobs = (top or 0) if _bool(body, "logprobs") else None
     params = _sampling(body, defaults, limits)
+    wanted = structured.parse(body)
+    messages = _chat_messages(structured.plain_messages(body.get("messages")), limits)
+    if wanted.constraint is not None:
+        params["structured_outputs"] = wanted.constraint
     return ApiRequest(
         model=model,
         params={**params, "logprobs": top_logprobs},
         stream=stream,
         include_usage=_stream_options(body, stream),
         top_logprobs=top_logprobs,
-        messages=_chat_messages(body.get("messages"), limits),
+        messages=structured.with_tool_prompt(messages, wanted),
+        structured=wanted,
     )
 
 

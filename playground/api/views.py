@@ -21,7 +21,8 @@ from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, 
 from .auth import authenticate
 from .errors import ApiError
 from .responses import Shape, sse
-from .schema import parse_body, parse_chat, parse_completion
+from .schema import ApiRequest, parse_body, parse_chat, parse_completion
+from .structured import api_message
 
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "timeout": 504, "server_error": 500}
 
@@ -45,9 +46,9 @@ def _read_body(request: HttpRequest) -> dict[str, Any]:
     return parse_body(raw, settings.PLAYGROUND_LIMITS, max_bytes)
 
 
-def _failure(exc: GenerationFailed) -> ApiError:
+def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
     status = FAILURE_STATUS.get(exc.code, 500)
-    return ApiError(status, str(exc), code=exc.code if status == 400 else None)
+    return ApiError(status, api_message(api_request.structured, str(exc)), code=exc.code if status == 400 else None)
 
 
 def _method_not_allowed(allowed: str) -> HttpResponse:
@@ -106,7 +107,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         first = await anext(updates)
     except GenerationFailed as exc:
         await generation.close()
-        return _failure(exc).response()
+        return _failure(exc, api_request).response()
     except BaseException:
         await generation.close()
         raise
@@ -119,7 +120,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         try:
             done = first.done or await _last(updates)
         except GenerationFailed as exc:
-            return _failure(exc).response()
+            return _failure(exc, api_request).response()
     return JsonResponse(shape.completion(done))
 
 
@@ -141,7 +142,7 @@ async def _stream(shape: Shape, generation: Generation, first: Update,
                 yield sse(chunk)
             update = first
             while True:
-                for piece in update.chunks:
+                for piece in update.chunks if shape.streams_text else []:
                     sent[piece["index"]] = sent.get(piece["index"], "") + piece["text"]
                     yield sse(shape.chunk(piece["index"], piece["text"]))
                 if update.done is not None:
@@ -152,7 +153,7 @@ async def _stream(shape: Shape, generation: Generation, first: Update,
                     break
                 update = await anext(updates)
         except GenerationFailed as exc:
-            yield sse(_failure(exc).body())
+            yield sse(_failure(exc, shape.request).body())
         except StopAsyncIteration:
             yield sse(ApiError(500, "the request ended without a result").body())
     yield sse("[DONE]")

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from playground.api.structured import response_format_constraint
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 from playground.serving.web.sampling import validate_sampling
 
@@ -55,7 +56,7 @@ def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, s
 
 
 def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate:
-    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params"})
+    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params", "response_format"})
     if unknown:
         raise InvalidInput(f"unknown field(s) in generate: {', '.join(unknown)}")
     raw_id = frame.get("conversation_id")
@@ -67,10 +68,14 @@ def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits
             conversation_id = None
         if conversation_id is None:
             raise InvalidInput("conversation_id must be a UUID string or null")
+    params = validate_sampling(frame.get("params"), defaults, limits)
+    constraint = response_format_constraint(frame.get("response_format"))  # as on the API
+    if constraint is not None:
+        params["structured_outputs"] = constraint
     return Generate(
         conversation_id=conversation_id,
         messages=parse_messages(frame.get("messages"), limits),
-        params=validate_sampling(frame.get("params"), defaults, limits),
+        params=params,
     )
 
 

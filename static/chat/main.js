@@ -12,6 +12,7 @@ import { Transcript } from "./transcript.js";
 import { ParamsForm } from "./params.js";
 import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
+import { ResponseFormatControl } from "./format.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -45,6 +46,7 @@ const state = {
 };
 
 const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
+const formatControl = new ResponseFormatControl($("response-format"));
 /**
  * Generate frames whose reply was abandoned (New chat, another conversation opened) before their `started`
  * arrived. The server answers `started` in the order it received the frames, so the next ones to arrive
@@ -138,6 +140,12 @@ function currentParams() {
     showError(`Fix the sampling settings first: ${bad.map((k) => `${k} ${errors[k]}`).join("; ")}.`);
     return null;
   }
+  const { error } = formatControl.read();
+  if (error) {
+    els.app.classList.add("show-settings");
+    showError(`Fix the response format first: ${error}.`);
+    return null;
+  }
   return params;
 }
 
@@ -145,12 +153,14 @@ function currentParams() {
 function startGeneration(params) {
   const n = params.n ?? 1;
   const view = transcript.addReply(n);
-  state.active = { stream: new ReplyStream(n), view, requestId: null, cancelRequested: false, cancelTimer: null };
+  const { format } = formatControl.read();
+  state.active = { stream: new ReplyStream(n), view, requestId: null, cancelRequested: false, cancelTimer: null,
+    json: format !== null, showMask: formatControl.showMask.checked };
   setBusy(true);
   updateEmptyState();
   scrollToEnd();
   const sent = socket.send({ type: "generate", conversation_id: state.conversationId, messages: transcriptPayload(),
-    params });
+    params, ...(format ? { response_format: format } : {}) });
   if (!sent) failActive("Not connected to the server; try again in a moment.");
 }
 
@@ -254,7 +264,8 @@ function handleDone(msg) {
   const { stream, view } = active;
   stream.finish(msg);
   view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
-    timing: stream.timing, gaps: stream.gaps });
+    timing: stream.timing, gaps: stream.gaps, json: active.json,
+    masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [] });
   const turn = {
     role: "assistant",
     content: stream.texts[view.chosen],

@@ -69,9 +69,10 @@ function parse(spec, raw) {
   return { value };
 }
 
-function loadSaved() {
+/** The object saved under `key` in localStorage, or {} (nothing saved, or unreadable). */
+export function loadSaved(key = STORAGE_KEY) {
   try {
-    return JSON.parse(localStorage.getItem(STORAGE_KEY)) ?? {};
+    return JSON.parse(localStorage.getItem(key)) ?? {};
   } catch {
     return {};
   }

@@ -6,6 +6,7 @@
  */
 
 import { renderInto } from "../common/markdown.js";
+import { formatJson, maskView } from "./format.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -51,6 +52,7 @@ export class ReplyView {
     this.markdown = markdown;
     this.texts = Array.from({ length: n }, () => "");
     this.chosen = 0;
+    this.json = false; // a JSON reply (response format): shown indented once it parses
     this.pending = new Set();
     this.frame = null;
     this.el = el("article", "msg msg-assistant");
@@ -60,6 +62,7 @@ export class ReplyView {
     this.samplesEl.style.setProperty("--n", String(n));
     this.samplesEl.classList.toggle("multi", n > 1);
     this.bodies = [];
+    this.sampleEls = [];
     this.finishBadges = [];
     this.useButtons = [];
     for (let i = 0; i < n; i += 1) {
@@ -79,6 +82,7 @@ export class ReplyView {
         sample.append(head);
       }
       sample.append(body);
+      this.sampleEls.push(sample);
       this.samplesEl.append(sample);
     }
     this.meta = el("div", "reply-meta");
@@ -109,7 +113,11 @@ export class ReplyView {
   flush() {
     if (this.frame !== null) cancelAnimationFrame(this.frame);
     this.frame = null;
-    for (const i of this.pending) renderInto(this.bodies[i], this.texts[i], { markdown: this.markdown });
+    for (const i of this.pending) {
+      const pretty = this.json ? formatJson(this.texts[i]) : null;
+      if (pretty === null) renderInto(this.bodies[i], this.texts[i], { markdown: this.markdown });
+      else this.bodies[i].replaceChildren(el("pre", "json-reply", pretty));
+    }
     this.pending.clear();
   }
 
@@ -126,8 +134,10 @@ export class ReplyView {
   }
 
   /** Show the final texts, finish reasons and stats of a finished stream (or a saved reply). */
-  finish({ texts, finishReasons, usage, timing, gaps = 0 }) {
+  finish({ texts, finishReasons, usage, timing, gaps = 0, json = false, masks = [] }) {
+    this.json = json;
     texts.forEach((t, i) => this.setText(i, t));
+    masks.forEach((mask, i) => { if (mask && this.sampleEls[i]) this.sampleEls[i].append(maskView(mask)); });
     this.flush();
     this.el.dataset.state = "done";
     this.el.removeAttribute("aria-busy");

@@ -1,12 +1,15 @@
 """The OpenAI-compatible API with the official `openai` client against the running embedded playground
 (daphne, in-process Celery worker, real model): chat and completions, streaming and not, n=2, stop,
 logprobs, usage; greedy texts equal the engine's own; 401 without a key, 429 over a limit, 400 for a
-prompt too long for the model; websockets from a foreign Origin are refused."""
+prompt too long for the model; websockets from a foreign Origin are refused; response_format json_schema
+replies validate, refused schemas are 400s naming the problem, and a tool call makes a round trip."""
 import json
 
+import jsonschema
 import openai
 import pytest
 from api_server import MODEL, reference_llm, start
+from structured_cases import TOOLS, WEATHER, WEATHER_CHAT
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -162,3 +165,58 @@ def test_closing_a_stream_aborts_the_generation_and_frees_its_blocks(client, ser
     stream.close()
     metrics = server.wait_idle(timeout=5)  # 1000 tokens take far longer on a CPU: it was aborted
     assert metrics["num_blocks_free"] + metrics["num_blocks_cached"] == metrics["num_blocks_total"]
+
+
+# --- structured outputs and tools (playground/api/structured.py) ------------------------------------
+
+def test_openai_client_json_schema_replies_validate(client, server):
+    response_format = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+    reply = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, response_format=response_format,
+                                           temperature=1.0, seed=3, n=2, max_tokens=48)  # fmt: skip
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), WEATHER)
+    streamed = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, response_format=response_format,
+                                              temperature=0, max_tokens=48, stream=True)  # fmt: skip
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed if c.choices)), WEATHER)
+    server.wait_idle()
+
+
+def test_openai_client_refused_schema_is_400_naming_the_problem(client, server):
+    bad = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused_schema:
+            client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, max_tokens=8, stream=stream,
+                                           response_format={"type": "json_schema",
+                                                            "json_schema": {"name": "t", "schema": bad}})  # fmt: skip
+        message = refused_schema.value.body["message"]
+        assert message.startswith("response_format.json_schema.schema:") and "/properties/tags/uniqueItems" in message
+    with pytest.raises(openai.BadRequestError) as refused_tool:
+        client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, max_tokens=8, tool_choice="required", tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])  # fmt: skip
+    assert "function 'f' parameters" in refused_tool.value.body["message"]
+    server.wait_idle()
+
+
+def test_openai_client_tool_call_round_trip(client, server):
+    first = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=48)  # fmt: skip
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.function.name]
+    jsonschema.validate(arguments, schema)
+    # Streamed, the call arrives as a tool_calls delta the client's chunks carry.
+    chunks = list(client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
+                                                 temperature=0, max_tokens=48, stream=True))  # fmt: skip
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in deltas] == [call.function.name]
+    assert json.loads(deltas[0].function.arguments) == arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # The result goes back as a tool message; the model answers in text.
+    messages = [*WEATHER_CHAT, choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
+                                            temperature=0, max_tokens=24)  # fmt: skip
+    assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
+    server.wait_idle()

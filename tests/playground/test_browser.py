@@ -350,3 +350,34 @@ def test_memory_view_is_staff_only_and_follows_a_generation(server, browser, pag
         timeout=15_000,
     )
     assert worker.locator(".requests tbody tr").count() == 0
+
+
+def test_json_schema_reply_is_formatted_and_shows_the_grammar_mask(server, page):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"]}  # fmt: skip
+    page.goto(server["base_url"] + "/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    set_param(page, "temperature", "0")
+    set_param(page, "max_tokens", "40")
+    page.select_option('#response-format select', "json_schema")
+    page.fill("#response-format .schema-editor", "{not json")
+    page.fill("#prompt", "Pick a colour and a count.")
+    page.keyboard.press("Enter")
+    assert "Fix the response format first" in page.locator("#composer-error").inner_text()
+    assert page.locator(".msg-user").count() == 0
+
+    page.fill("#response-format .schema-editor", json.dumps(schema))
+    page.check("#response-format input[type=checkbox]")
+    page.click("#send")  # the refused prompt is still in the box
+    page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop()?.dataset.state === 'done'",
+                           timeout=120_000)  # fmt: skip
+    reply = page.locator(".msg-assistant").last
+    shown = reply.locator(".json-reply").inner_text()
+    assert "\n  " in shown  # indented
+    jsonschema.validate(json.loads(shown), schema)
+    completion = int(reply.locator('[data-stat="completion_tokens"] .stat-value').inner_text())
+    assert reply.locator(".mask-view .mask-bar").count() == completion
+    assert "Grammar mask: removed" in reply.locator(".mask-view summary").inner_text()

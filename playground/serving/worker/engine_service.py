@@ -133,13 +133,15 @@ class EngineService:
 
 def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
     """Outputs, usage and timing of a finished request, as the `done` event carries them. Outputs that
-    carry logprobs (the request asked for them) get them with token texts from `decode(token id)`."""
+    carry logprobs (the request asked for them) get them with token texts from `decode(token id)`; outputs
+    of a grammar-constrained request get `grammar_mask`: per generated token, how many of the vocabulary's
+    tokens the mask removed."""
     metrics = final.metrics
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
     elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
     return {
-        "outputs": [_output(o, decode) for o in final.outputs],
+        "outputs": [_output(o, decode, metrics) for o in final.outputs],
         "usage": {
             "prompt_tokens": len(final.prompt_token_ids),
             "completion_tokens": completion_tokens,
@@ -152,10 +154,13 @@ def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) 
     }
 
 
-def _output(output: Any, decode: Callable[[int], str] | None) -> dict[str, Any]:
+def _output(output: Any, decode: Callable[[int], str] | None, metrics: Any) -> dict[str, Any]:
     summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason}
     if output.logprobs is not None and decode is not None:
         summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, decode)
+    if output.index in metrics.masked_tokens:
+        summary["grammar_mask"] = {"removed": metrics.masked_tokens[output.index],
+                                   "vocab_size": metrics.mask_vocab_size}
     return summary
 
 
