@@ -15,6 +15,7 @@ from inference.beam_search import BeamSearchParams, BeamState, advance
 from inference.block_manager import BlockManager
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
+from inference.events import EventLog, Finished, RequestAdded
 from inference.model_loader import resolve_model
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
@@ -38,7 +39,9 @@ class LLMEngine:
                 f"the KV pool holds {self.runner.num_blocks} blocks x {args.block_size} tokens, less than one "
                 f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
             )
-        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.events = EventLog(args.event_log_capacity)
+        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching,
+                                          self.events)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -101,6 +104,9 @@ class LLMEngine:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
+        if self.events.enabled:
+            self.events.emit(RequestAdded, request_id=request.request_id, seq_id=request.seqs[0].seq_id,
+                             num_prompt_tokens=len(request.prompt_token_ids), n=request.params.n)
         for seq in request.seqs:
             self.detokenizer.start(seq)
             self.scheduler.add(seq)
@@ -123,6 +129,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch step; return outputs (cumulative) for every request that made progress."""
+        self.events.step += 1
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
@@ -285,7 +292,10 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
-        self.scheduler.finish(seq)
+        if self.events.enabled:
+            self.events.emit(Finished, request_id=seq.request_id, seq_id=seq.seq_id, reason=reason,
+                             num_output_tokens=seq.num_output_tokens)
+        self.scheduler.finish(seq, "aborted" if reason == "abort" else "finished")
 
     # --- figures --------------------------------------------------------------------------------
 
