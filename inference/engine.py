@@ -26,12 +26,14 @@ from inference.sequence import Request, Sequence, SequenceStatus
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, model: torch.nn.Module | None = None) -> None:
+        """`model`: weights already loaded by another engine (the lab's sandboxes share a worker's); this
+        engine still gets its own KV pool, scheduler and block manager."""
         self.args = args
         folder = resolve_model(args.model)
         torch.manual_seed(args.seed)
         self.tokenizer = load_tokenizer(folder)
-        self.runner = ModelRunner(args, folder)
+        self.runner = ModelRunner(args, folder, model)
         self.block_size = args.block_size
         self.max_model_len = args.max_model_len
         if self.runner.num_blocks * args.block_size < args.max_model_len:

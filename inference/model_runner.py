@@ -14,7 +14,7 @@ import torch
 
 import kernels
 from inference.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
-from inference.model import AttentionMetadata, ModelConfig, load_model
+from inference.model import AttentionMetadata, LlamaForCausalLM, ModelConfig, load_model
 from inference.scheduler import ScheduledSeq
 
 
@@ -25,11 +25,11 @@ def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, folder: Path) -> None:
+    def __init__(self, args: EngineArgs, folder: Path, model: LlamaForCausalLM | None = None) -> None:
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.block_size = args.block_size
-        self.model = load_model(folder, self.device, self.dtype)
+        self.model = load_model(folder, self.device, self.dtype) if model is None else model
         self.cfg = self.model.cfg
         if args.max_model_len > self.cfg.max_position_embeddings:
             raise ValueError(
