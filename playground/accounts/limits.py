@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import cache
 
-from playground.serving.params import InvalidInput
+from playground.serving.web.sampling import InvalidInput
 
 CONCURRENCY_TTL_S = 6 * 3600  # a slot leaked by a crashed process is reclaimed after this long
 WINDOW_S = 60

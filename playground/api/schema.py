@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.chat.protocol import parse_messages
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.serving.web.sampling import InvalidInput, validate_sampling
 
 from .errors import ApiError
 

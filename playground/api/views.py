@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from playground.accounts import limits, salt
-from playground.serving.client import GenerationFailed, Job, generate
+from playground.serving.web.lifecycle import GenerationFailed, Job, generate
 
 from .auth import authenticate
 from .errors import ApiError

@@ -17,9 +17,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from playground.accounts import limits, salt
-from playground.serving import dispatch, liveness
-from playground.serving.naming import GPU_QUEUE, request_group
-from playground.serving.params import InvalidInput
+from playground.serving.web import dispatch
+from playground.serving.web import liveness
+from playground.serving.shared.naming import GPU_QUEUE, request_group
+from playground.serving.web.sampling import InvalidInput
 
 from . import store
 from .protocol import Cancel, Generate, decode_frame, parse_cancel, parse_generate

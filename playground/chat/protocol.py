@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.serving.web.sampling import InvalidInput, validate_sampling
 
 ROLES = ("system", "user", "assistant")
 

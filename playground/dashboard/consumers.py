@@ -16,7 +16,8 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from playground.serving import dispatch, registry
+from playground.serving.web import dispatch
+from playground.serving.shared import registry
 
 from . import feed
 from .views import is_staff

@@ -21,8 +21,8 @@ from . import feed, snapshot
 from .stats import LatencyStats, RequestTimes, ThroughputMeter
 
 if TYPE_CHECKING:
-    from playground.serving.bridge import LoopBridge
-    from playground.serving.engine_service import EngineService
+    from playground.serving.worker.bridge import LoopBridge
+    from playground.serving.worker.engine_service import EngineService
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from playground.chat.protocol import decode_frame
 from playground.dashboard import feed
-from playground.serving.params import InvalidInput
+from playground.serving.web.sampling import InvalidInput
 
 from .runner import GROUP, RunSettings, runner
 

@@ -15,7 +15,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from playground.serving.client import GenerationFailed, Job, generate
+from playground.serving.web.lifecycle import GenerationFailed, Job, generate
 
 from .presets import preset
 

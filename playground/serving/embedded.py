@@ -15,14 +15,14 @@ from django.conf import settings
 
 from playground.celery import app as celery_app
 
-from . import worker
-from .naming import GPU_QUEUE, worker_queue
+from .worker import runtime
+from .shared.naming import GPU_QUEUE, worker_queue
 
 
 class EmbeddedWorker:
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str | None = None) -> None:
         self.name = name or f"embedded@{socket.gethostname()}"
-        worker.use_event_loop(loop)
+        runtime.use_event_loop(loop)
         self._controller = celery_app.WorkController(
             hostname=self.name,
             pool="threads",

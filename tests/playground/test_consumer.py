@@ -15,11 +15,11 @@ from fake_engine import FakeStreamingEngine
 
 from playground.asgi import application
 from playground.chat.models import Conversation
-from playground.serving import dispatch
-from playground.serving.bridge import LoopBridge
-from playground.serving.engine_service import EngineService
-from playground.serving.naming import GPU_QUEUE
-from playground.serving.worker import WorkerRuntime
+from playground.serving.web import dispatch
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.engine_service import EngineService
+from playground.serving.shared.naming import GPU_QUEUE
+from playground.serving.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -363,7 +363,7 @@ def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
 def test_a_prefork_worker_refuses_to_start():
     from types import SimpleNamespace
 
-    from playground.serving import worker as worker_module
+    from playground.serving.worker import runtime as worker_module
 
     with pytest.raises(SystemExit, match="--pool threads"):
         worker_module._start_runtime(SimpleNamespace(pool_cls="prefork", hostname="w@h"))

@@ -13,8 +13,8 @@ from playground.dashboard import feed, snapshot
 from playground.dashboard.consumers import CLOSE_FORBIDDEN, CLOSE_LOGIN_REQUIRED
 from playground.dashboard.publisher import SnapshotPublisher
 from playground.dashboard.stats import LatencyStats, ThroughputMeter, percentiles
-from playground.serving import registry
-from playground.serving.naming import CONTROL_GROUP
+from playground.serving.shared import registry
+from playground.serving.shared.naming import CONTROL_GROUP
 
 ORIGIN = (b"origin", b"http://127.0.0.1")
 BLOCK_SIZE = 16

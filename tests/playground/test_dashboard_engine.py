@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference import EngineArgs, LLMEngine, SamplingParams
 from playground.dashboard import feed
-from playground.serving import registry
-from playground.serving.bridge import LoopBridge
-from playground.serving.engine_service import EngineService
-from playground.serving.worker import WorkerRuntime
+from playground.serving.shared import registry
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.engine_service import EngineService
+from playground.serving.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.slow
 

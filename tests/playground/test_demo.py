@@ -15,8 +15,8 @@ from playground.dashboard import feed
 from playground.demo.consumers import may_present, may_watch, parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
-from playground.serving import dispatch
-from playground.serving.params import InvalidInput
+from playground.serving.web import dispatch
+from playground.serving.web.sampling import InvalidInput
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,7 +6,7 @@ import pytest
 from django.conf import settings
 
 from playground.chat.protocol import decode_frame, parse_cancel, parse_generate, parse_messages
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.serving.web.sampling import InvalidInput, validate_sampling
 
 DEFAULTS = settings.PLAYGROUND_SAMPLING_DEFAULTS
 LIMITS = settings.PLAYGROUND_LIMITS

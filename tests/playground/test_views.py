@@ -6,7 +6,8 @@ import pytest
 
 from playground.chat import store
 from playground.chat.models import Conversation
-from playground.serving import dispatch, registry
+from playground.serving.web import dispatch
+from playground.serving.shared import registry
 
 pytestmark = pytest.mark.django_db
 
@@ -122,7 +123,7 @@ def test_healthz_reports_live_workers(client):
 
 
 def test_healthz_is_503_when_the_database_is_down(client, monkeypatch):
-    from playground.serving import views
+    from playground.serving.web import views
 
     monkeypatch.setattr(views, "_database_ok", lambda: False)
     response = client.get("/healthz")
@@ -154,7 +155,7 @@ def test_web_process_never_imports_torch():
 
     code = (
         "import django, os, sys; os.environ['DJANGO_SETTINGS_MODULE'] = 'playground.settings'; django.setup();"
-        "import playground.asgi, playground.urls, playground.serving.tasks, playground.serving.worker;"
+        "import playground.asgi, playground.urls, playground.serving.worker.tasks, playground.serving.worker.runtime;"
         "import playground.serving.management.commands.playground;"
         "print(sorted(m for m in ('torch', 'inference', 'transformers') if m in sys.modules))"
     )

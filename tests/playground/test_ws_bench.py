@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from playground.serving import bench
+from playground.serving.tools import bench
 
 
 class CharTokenizer:

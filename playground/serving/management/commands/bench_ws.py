@@ -6,7 +6,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from playground.serving import bench, embedded, worker
+from playground.serving.tools import bench
+from playground.serving import embedded
+from playground.serving.worker import runtime
 
 LOAD_TIMEOUT_S = 600
 
@@ -28,7 +30,7 @@ class Command(BaseCommand):
 
         def measure() -> None:
             try:
-                service = worker.current().service
+                service = runtime.current().service
                 engine = service.wait_ready(LOAD_TIMEOUT_S)
                 chats = bench.workload(clients)
                 warm_up = [[{"role": "user", "content": "Hello!"}]]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 
 from .bridge import LoopBridge
-from .naming import request_group
+from ..shared.naming import request_group
 
 POLL_S = 0.005
 SEND_TIMEOUT_S = 10.0

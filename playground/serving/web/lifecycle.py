@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
 from . import dispatch, liveness
-from .naming import request_group
+from ..shared.naming import request_group
 
 
 class GenerationFailed(RuntimeError):

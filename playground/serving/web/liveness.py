@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from . import registry
-from .naming import GPU_QUEUE
+from ..shared import registry
+from ..shared.naming import GPU_QUEUE
 
 CHECK_INTERVAL_S = 1.0
 

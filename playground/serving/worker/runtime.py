@@ -30,11 +30,11 @@ from django.conf import settings
 
 from playground.dashboard.publisher import SnapshotPublisher
 
-from . import registry
+from ..shared import registry
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
-from .naming import CONTROL_GROUP, request_group, worker_queue
+from ..shared.naming import CONTROL_GROUP, request_group, worker_queue
 
 logger = logging.getLogger(__name__)
 
