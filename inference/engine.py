@@ -144,6 +144,7 @@ class LLMEngine:
             computed_prompt = max(0, min(seq.num_prompt_tokens, seq.num_computed_tokens + item.num_new_tokens)
                                   - seq.num_computed_tokens)
             metrics.num_computed_prompt_tokens += computed_prompt
+            metrics.record_computed(seq, seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens)
             self.prompt_tokens_total += computed_prompt
 
         sample_rows = [

@@ -125,6 +125,7 @@ class Scheduler:
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
             metrics.num_cached_tokens = hit_tokens
+        metrics.record_cache_hit(seq.num_prompt_tokens, hit_tokens)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free the sequence's blocks and queue it first in line; it is recomputed on readmission."""
@@ -134,6 +135,7 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        seq.request.metrics.num_preemptions += 1
         out.preempted.append(seq)
 
     def finish(self, seq: Sequence, reason: str = "finished") -> None:

@@ -124,3 +124,31 @@ def test_quiz_answers_are_the_engines_figures(base):
     assert sampling.answer == len(held) > len(shared)  # copy-on-write split the partial block
     while not sampling.finished:
         sampling.step()
+
+
+@pytest.mark.slow
+def test_cache_receipts_say_where_each_prompt_token_came_from(base):
+    """Receipts of the shared-prefix and preemption scenarios: cached, computed and recomputed spans that
+    cover the prompt, and figures that match the engine's own counters."""
+    from inference.receipt import cache_receipt
+
+    receipts = {}
+    for name in ("shared_prefix", "preemption"):
+        run = ScenarioRun.start(name, shared=base.engine)
+        while not run.finished:
+            run.step()
+        session = run.session
+        for label, request in session._engine_requests.items():
+            out = sum(s.num_output_tokens for s in request.seqs)
+            receipts[name, label] = (cache_receipt(request.metrics, run.scenario.config.block_size, out), request)
+    receipt, request = receipts["shared_prefix", "C"]
+    assert receipt.provenance[0] == [0, receipt.cached_tokens, "cached"] and receipt.cached_tokens >= 16
+    assert receipt.provenance[-1][1] == len(request.prompt_token_ids)
+    assert [s[2] for s in receipt.provenance] == ["cached", "computed"] and receipt.recomputed_tokens == 0
+    assert receipt.cached_blocks == receipt.cached_tokens // 8 and receipt.preemptions == 0
+    assert receipt.ttft_ms >= receipt.prefill_ms >= 0 and receipt.tpot_ms > 0
+    first, _ = receipts["shared_prefix", "A"]
+    assert first.provenance == [[0, len(receipts["shared_prefix", "A"][1].prompt_token_ids), "computed"]]
+    preempted = [r for (name, _), (r, _) in receipts.items() if name == "preemption" and r.preemptions]
+    assert len(preempted) == 1 and preempted[0].recomputed_tokens > 0
+    assert any(kind == "recomputed" for _, _, kind in preempted[0].provenance)

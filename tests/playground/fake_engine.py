@@ -5,6 +5,7 @@ and returns the engine's real output types, so `EngineService.summarize` runs on
 import queue
 import threading
 import time
+from types import SimpleNamespace
 
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ class FakeStreamingEngine:
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
+        self.engine = SimpleNamespace(block_size=16)  # what the service reads of the real LLMEngine
 
     def start(self) -> None:
         pass

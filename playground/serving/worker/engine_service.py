@@ -91,10 +91,11 @@ class EngineService:
         Raises EngineUnavailable if the engine failed the request."""
         if stream.error is not None or stream.final is None:
             raise EngineUnavailable(stream.error or "the request ended without a result")
-        return summarize(stream.final, self._decode_token)
+        engine = self.wait_ready(0)
+        return summarize(stream.final, self._decode, engine.engine.block_size)
 
-    def _decode_token(self, token_id: int) -> str:
-        return self.wait_ready(0).tokenizer.decode([token_id])
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.wait_ready(0).tokenizer.decode(token_ids)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (thread-safe); its blocks are freed at the engine loop's next turn."""
@@ -114,14 +115,18 @@ class EngineService:
         return figures if block_map else {k: v for k, v in figures.items() if k not in ("block_map", "sequences")}
 
 
-def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
+def summarize(
+    final: RequestOutput, decode: Callable[[list[int]], str] | None = None, block_size: int | None = None
+) -> dict[str, Any]:
     """Outputs, usage and timing of a finished request, as the `done` event carries them. Outputs that
-    carry logprobs (the request asked for them) get them with token texts from `decode(token id)`."""
+    carry logprobs (the request asked for them) get them with token texts from `decode(token ids)`. With the
+    engine's `block_size`, the cache receipt too (inference/receipt.py), and the prompt cut into text segments
+    by block and by where its K/V came from, for the chat page's provenance view."""
     metrics = final.metrics
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
     elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
-    return {
+    done = {
         "outputs": [_output(o, decode) for o in final.outputs],
         "usage": {
             "prompt_tokens": len(final.prompt_token_ids),
@@ -133,12 +138,36 @@ def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) 
             "tokens_per_s": round(completion_tokens / elapsed, 2) if elapsed > 0 else None,
         },
     }
+    if block_size is not None:
+        from inference.receipt import cache_receipt
+
+        receipt = cache_receipt(metrics, block_size, completion_tokens)
+        done["receipt"] = receipt.to_dict()
+        if decode is not None:
+            done["prompt_segments"] = prompt_segments(final.prompt_token_ids, receipt.provenance, block_size, decode)
+    return done
+
+
+def prompt_segments(
+    token_ids: list[int], provenance: list[list], block_size: int, decode: Callable[[list[int]], str]
+) -> list[dict[str, Any]]:
+    """The prompt's text in pieces that each lie in one block and share one source (cached / computed /
+    recomputed): what the chat page colours, with block boundaries."""
+    segments = []
+    for start, end, source in provenance:
+        cut = start
+        while cut < end:
+            block = cut // block_size
+            stop = min(end, (block + 1) * block_size)
+            segments.append({"text": decode(token_ids[cut:stop]), "source": source, "block": block})
+            cut = stop
+    return segments
 
 
 def _output(output: Any, decode: Callable[[int], str] | None) -> dict[str, Any]:
     summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason}
     if output.logprobs is not None and decode is not None:
-        summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, decode)
+        summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, lambda t: decode([t]))
     return summary
 
 
