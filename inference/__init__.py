@@ -6,15 +6,17 @@
 """
 
 from inference.beam_search import BeamSearchParams
+from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.llm import LLM
 from inference.model_loader import ModelNotFoundError
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
-from inference.streaming import RequestStream, StreamingEngine
+from inference.streaming import EngineDeadError, EngineHealth, RequestStream, StreamingEngine
 
 __all__ = [
     "LLM", "SamplingParams", "BeamSearchParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
-    "CompletionOutput", "StreamDelta", "ModelNotFoundError",
+    "CompletionOutput", "StreamDelta", "ModelNotFoundError", "IntegrityError",
+    "EngineHealth", "EngineDeadError",
 ]

@@ -8,16 +8,25 @@ block.
 Sharing is by reference counting. A block's `ref_count` is the number of live block tables holding it.
 Full blocks also get a *block hash* (parent block's hash, the block's token ids, extra keys such as a
 cache salt); with prefix caching on, a new sequence whose prompt starts with the same tokens reuses those
-blocks instead of recomputing them. A block whose ref count drops to 0 keeps its hash and contents: it is
-*cached*, and only becomes free for reuse when the pool runs out of never-used blocks, least recently
+blocks instead of recomputing them. A block whose ref count drops to 0 keeps its hash and contents: it
+is *cached*, and only becomes free for reuse when the pool runs out of never-used blocks, least recently
 freed first (LRU eviction).
+
+The hash only finds a candidate; it is never trusted. A cached block also keeps its exact `BlockKey`: its
+token ids, its extra keys and the physical block (with that block's generation) its K/V were computed on.
+A hit is taken only when the candidate's key equals the requester's, so by induction along the prefix a
+hit's K/V are exactly what the requester would compute: a hash collision (Python's `hash()` is 64 bits and
+not collision resistant) costs a cache miss, never another request's KV. BENCHMARKS.md ("Block hashes")
+measures this against sha256, which would make collisions infeasible rather than harmless, at 5-9x the
+hashing cost.
 
 Block states (each block is in exactly one):
     free    ref_count == 0, no hash              -> in free_block_queue
     cached  ref_count == 0, hashed                -> in free_block_queue and cached_block_hash_to_block
     used    ref_count >= 1 (hashed or not)        -> in no queue
 
-`check_integrity()` asserts these invariants and the ones in DESIGN.md; tests call it after every scenario.
+`check_integrity()` checks these invariants and the ones in DESIGN.md, raising `IntegrityError` (not
+`assert`, which `python -O` strips); tests call it after every scenario.
 Every change of a ref count, a hash or a block table is also emitted into the engine's `EventLog`
 (inference/events.py), from which `BlockMapReplay` rebuilds the same block map.
 """
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from inference.events import (
     BlockAllocated, BlockCached, BlockEvicted, BlocksFreed, BlockTouched, CacheReset, CopyOnWrite, EventLog,
@@ -34,15 +44,42 @@ from inference.events import (
 from inference.sequence import Sequence
 
 
+class IntegrityError(RuntimeError):
+    """A block-accounting invariant is broken: a bug in the engine, never a bad request."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise IntegrityError(message)
+
+
+class BlockKey(NamedTuple):
+    """What a full block's K/V depend on, exactly: its tokens, its extra keys, and the block before it.
+
+    `parent` is the (block id, generation) of the physical block the K/V were computed on; a block's
+    generation changes whenever it is handed out again, so a parent that was evicted and reused no
+    longer matches.
+    """
+
+    parent: tuple[int, int] | None
+    token_ids: tuple[int, ...]
+    extra_keys: tuple = ()
+
+
 @dataclass
 class KVBlock:
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
+    key: BlockKey | None = None
+    generation: int = 0
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...], extra_keys: tuple = ()) -> int:
-    """The prefix-cache key of one full block: it depends on every token before it through the parent."""
+    """The prefix-cache index of one full block: it depends on every token before it through the parent.
+
+    Only an index: a lookup's candidate is checked against its `BlockKey` before it is used.
+    """
     return hash((parent_hash, token_ids, extra_keys))
 
 
@@ -81,6 +118,7 @@ class BlockPool:
         if block.block_hash is not None:
             self._evict(block)
         block.ref_count = 1
+        block.generation += 1
         return block_id
 
     def touch(self, block_id: int) -> None:
@@ -92,21 +130,34 @@ class BlockPool:
 
     def release(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        assert block.ref_count > 0, f"block {block_id} released with ref count {block.ref_count}"
+        _check(block.ref_count > 0, f"block {block_id} released with ref count {block.ref_count}")
         block.ref_count -= 1
         if block.ref_count == 0:
             self.free_block_queue[block_id] = None
             if block.block_hash is None:
                 self.free_block_queue.move_to_end(block_id, last=False)
 
-    def lookup(self, block_hash: int) -> int | None:
-        return self.cached_block_hash_to_block.get(block_hash)
+    def lookup(self, block_hash: int, key: BlockKey) -> int | None:
+        """The cached block with this hash whose K/V were computed from exactly `key`, or None."""
+        block_id = self.cached_block_hash_to_block.get(block_hash)
+        if block_id is None or self.blocks[block_id].key != key:
+            return None
+        return block_id
 
-    def cache_block(self, block_id: int, block_hash: int) -> None:
-        """Register a full, computed block under its hash, unless an equal block is already registered."""
+    def parent_ref(self, block_id: int) -> tuple[int, int]:
+        """How a child's `BlockKey` names this block as its parent."""
+        return block_id, self.blocks[block_id].generation
+
+    def cache_block(self, block_id: int, block_hash: int, key: BlockKey) -> None:
+        """Register a full, computed block under its hash, unless the hash is already taken.
+
+        A taken hash holds either an equal block (nothing to add) or a collision (this block stays
+        uncached: its index entry would have to evict a live one).
+        """
         if not self.enable_caching or block_hash in self.cached_block_hash_to_block:
             return
-        self.blocks[block_id].block_hash = block_hash
+        block = self.blocks[block_id]
+        block.block_hash, block.key = block_hash, key
         self.cached_block_hash_to_block[block_hash] = block_id
         if self.events.enabled:
             self.events.emit(BlockCached, block_id=block_id, block_hash=hash_label(block_hash))
@@ -115,7 +166,7 @@ class BlockPool:
         if self.events.enabled:
             self.events.emit(BlockEvicted, block_id=block.block_id, block_hash=hash_label(block.block_hash))
         del self.cached_block_hash_to_block[block.block_hash]
-        block.block_hash = None
+        block.block_hash, block.key = None, None
         self.num_evictions += 1
 
     def reset_prefix_cache(self) -> int:
@@ -125,7 +176,7 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 del self.cached_block_hash_to_block[block.block_hash]
-                block.block_hash = None
+                block.block_hash, block.key = None, None
                 self.free_block_queue.move_to_end(block_id, last=False)
                 dropped.append(block_id)
         if dropped and self.events.enabled:
@@ -153,14 +204,21 @@ class BlockManager:
         salt = seq.request.cache_salt
         return (salt,) if salt is not None and block_index == 0 else ()
 
+    def _block_tokens(self, seq: Sequence, block_index: int) -> tuple[int, ...]:
+        bs = self.block_size
+        return tuple(seq.token_ids[block_index * bs : (block_index + 1) * bs])
+
+    def _block_key(self, seq: Sequence, block_index: int, parent_block: int | None) -> BlockKey:
+        parent = None if parent_block is None else self.pool.parent_ref(parent_block)
+        return BlockKey(parent, self._block_tokens(seq, block_index), self._extra_keys(seq, block_index))
+
     def _update_block_hashes(self, seq: Sequence) -> None:
         """Hash every full block of `seq.token_ids` not hashed yet (the hash chain follows the tokens)."""
         bs = self.block_size
         while (len(seq.block_hashes) + 1) * bs <= len(seq.token_ids):
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else None
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            seq.block_hashes.append(hash_block_tokens(parent, tokens, self._extra_keys(seq, i)))
+            seq.block_hashes.append(hash_block_tokens(parent, self._block_tokens(seq, i), self._extra_keys(seq, i)))
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Physical blocks holding the longest cached block-aligned prefix of a new sequence.
@@ -173,8 +231,8 @@ class BlockManager:
         self._update_block_hashes(seq)
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
         hits: list[int] = []
-        for block_hash in seq.block_hashes[:max_blocks]:
-            block_id = self.pool.lookup(block_hash)
+        for i, block_hash in enumerate(seq.block_hashes[:max_blocks]):
+            block_id = self.pool.lookup(block_hash, self._block_key(seq, i, hits[-1] if hits else None))
             if block_id is None:
                 break
             hits.append(block_id)
@@ -187,7 +245,8 @@ class BlockManager:
         self._update_block_hashes(seq)
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
         for i in range(seq.num_cached_blocks, num_full):
-            self.pool.cache_block(seq.block_table[i], seq.block_hashes[i])
+            key = self._block_key(seq, i, seq.block_table[i - 1] if i else None)
+            self.pool.cache_block(seq.block_table[i], seq.block_hashes[i], key)
         seq.num_cached_blocks = max(seq.num_cached_blocks, num_full)
 
     # --- allocation -----------------------------------------------------------------------------
@@ -212,7 +271,7 @@ class BlockManager:
 
     def admit(self, seq: Sequence, cached_blocks: list[int]) -> None:
         """Start a waiting sequence's block table from its prefix-cache hits."""
-        assert not seq.block_table
+        _check(not seq.block_table, f"seq {seq.seq_id} admitted with a block table")
         for index, block_id in enumerate(cached_blocks):
             self.pool.touch(block_id)
             if self.events.enabled:
@@ -289,30 +348,32 @@ class BlockManager:
     # --- figures and checks ---------------------------------------------------------------------
 
     def check_integrity(self, live_seqs: list[Sequence]) -> None:
-        """Assert the DESIGN.md invariants for the pool and the given live (block-holding) sequences."""
+        """Check the DESIGN.md invariants for the pool and the given live (block-holding) sequences.
+
+        Raises `IntegrityError` naming the first broken one.
+        """
         pool, bs = self.pool, self.block_size
         holders: dict[int, int] = {}
         for seq in live_seqs:
             expected = -(-seq.num_computed_tokens // bs)
-            assert len(seq.block_table) == expected, (
-                f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_computed_tokens} tokens"
-            )
-            assert len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} repeats a block"
+            _check(len(seq.block_table) == expected,
+                   f"seq {seq.seq_id}: {len(seq.block_table)} blocks for {seq.num_computed_tokens} tokens")
+            _check(len(set(seq.block_table)) == len(seq.block_table), f"seq {seq.seq_id} repeats a block")
             for block_id in seq.block_table:
                 holders[block_id] = holders.get(block_id, 0) + 1
         for block in pool.blocks:
-            assert block.ref_count >= 0, f"block {block.block_id} has ref count {block.ref_count}"
-            assert block.ref_count == holders.get(block.block_id, 0), (
-                f"block {block.block_id}: ref count {block.ref_count}, held by {holders.get(block.block_id, 0)}"
-            )
+            _check(block.ref_count >= 0, f"block {block.block_id} has ref count {block.ref_count}")
+            _check(block.ref_count == holders.get(block.block_id, 0),
+                   f"block {block.block_id}: ref count {block.ref_count}, held by {holders.get(block.block_id, 0)}")
             in_queue = block.block_id in pool.free_block_queue
-            assert in_queue == (block.ref_count == 0), f"block {block.block_id} queue membership is wrong"
+            _check(in_queue == (block.ref_count == 0), f"block {block.block_id} queue membership is wrong")
             if block.block_hash is not None:
-                assert pool.cached_block_hash_to_block.get(block.block_hash) == block.block_id, (
-                    f"hashed block {block.block_id} is not findable by its hash"
-                )
+                _check(pool.cached_block_hash_to_block.get(block.block_hash) == block.block_id,
+                       f"hashed block {block.block_id} is not findable by its hash")
+                _check(block.key is not None, f"hashed block {block.block_id} has no key")
         for block_hash, block_id in pool.cached_block_hash_to_block.items():
-            assert pool.blocks[block_id].block_hash == block_hash, f"hash index points at block {block_id} wrongly"
+            _check(pool.blocks[block_id].block_hash == block_hash, f"hash index points at block {block_id} wrongly")
         used = sum(1 for b in pool.blocks if b.ref_count > 0)
-        assert used + pool.num_free_blocks == pool.num_blocks
-        assert not self.pending_copies, "copy-on-write copies left unexecuted"
+        _check(used + pool.num_free_blocks == pool.num_blocks,
+               f"{used} used + {pool.num_free_blocks} free/cached blocks != {pool.num_blocks} total")
+        _check(not self.pending_copies, "copy-on-write copies left unexecuted")

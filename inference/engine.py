@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from inference.beam_search import BeamSearchParams, BeamState, advance
-from inference.block_manager import BlockManager
+from inference.block_manager import BlockManager, IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
 from inference.events import EventLog, Finished, RequestAdded
@@ -313,10 +313,10 @@ class LLMEngine:
         return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
 
     def check_integrity(self) -> None:
-        """Assert every block-accounting invariant (DESIGN.md); cheap enough to run between steps."""
+        """Check every block-accounting invariant (DESIGN.md), raising `IntegrityError`; cheap between steps."""
         self.block_manager.check_integrity(self.live_sequences())
-        if not self.requests:
-            assert all(b.ref_count == 0 for b in self.block_manager.pool.blocks), "idle engine holds blocks"
+        if not self.requests and any(b.ref_count for b in self.block_manager.pool.blocks):
+            raise IntegrityError("idle engine holds blocks")
 
     def reset_prefix_cache(self) -> int:
         return self.block_manager.pool.reset_prefix_cache()

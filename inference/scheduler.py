@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from inference.block_manager import BlockManager
+from inference.block_manager import BlockManager, IntegrityError
 from inference.events import Preempted, Scheduled
 from inference.events import ScheduledSeq as ScheduledEntry
 from inference.sequence import Sequence, SequenceStatus
@@ -96,7 +96,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.admit(seq, cached)
-            assert self.block_manager.allocate(seq, num_new)
+            if not self.block_manager.allocate(seq, num_new):  # can_admit said it fits
+                raise IntegrityError(f"seq {seq.seq_id} was admitted but its first chunk could not be allocated")
             self._count_prefix_query(seq, len(cached))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -5,8 +5,12 @@ the caller's thread — a bad request raises `ValueError` there and never reache
 a `RequestStream`. The loop thread owns the `LLMEngine`: it drains queued commands (add, abort), runs
 `step()` while there is work, and pushes each output's new text into that request's stream. Iterating a
 stream (plainly or with `async for`) yields `StreamDelta`s until every output has finished;
-`stream.final` then holds the complete `RequestOutput`. If a step raises, every in-flight stream ends
-with finish_reason "error" and the loop keeps serving.
+`stream.final` then holds the complete `RequestOutput`.
+
+No stream waits forever. If a step raises, every in-flight stream ends with finish_reason "error" and the
+loop keeps serving. If anything else in the loop raises, the loop is dead: every in-flight stream (and any
+request still queued) ends with an error, their blocks are freed, `health()` reports the error, and
+`add_request` raises `EngineDeadError`. `shutdown()` ends the in-flight streams the same way.
 
     engine = StreamingEngine(model="smollm2-135m-instruct")
     engine.start()
@@ -25,7 +29,9 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
+from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
 from inference.engine import LLMEngine, load_tokenizer
@@ -33,6 +39,7 @@ from inference.llm import encode_chat
 from inference.model_loader import resolve_model
 from inference.outputs import RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
+from inference.sequence import Request
 
 logger = logging.getLogger(__name__)
 _END = object()
@@ -70,6 +77,24 @@ class RequestStream:
             yield delta
 
 
+@dataclass(frozen=True)
+class EngineHealth:
+    """What a heartbeat reports about the engine loop.
+
+    alive: the loop thread runs and accepts requests. error: why the loop died (None while alive, or
+    after a clean shutdown). last_step_at: Unix time (time.time()) of the last finished step, None before
+    the first.
+    """
+
+    alive: bool
+    error: str | None
+    last_step_at: float | None
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (it failed, or was shut down) and accepts no more requests."""
+
+
 class StreamingEngine:
     # The block map in metrics() is rebuilt at most this often while busy (dashboards poll a few times a second).
     BLOCK_MAP_INTERVAL_S = 0.1
@@ -87,6 +112,12 @@ class StreamingEngine:
         self._block_map_time = time.monotonic()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Set once, under _lock, when the loop stops: why new requests are refused. Commands are queued
+        # under the same lock, so each one is either drained by the loop or refused, never stranded.
+        self._lock = threading.Lock()
+        self._closed: str | None = None
+        self._error: str | None = None
+        self._last_step_at: float | None = None
 
     # --- caller side (any thread) ---------------------------------------------------------------
 
@@ -122,7 +153,10 @@ class StreamingEngine:
                 raise ValueError("give a prompt (text or token ids) or messages")
         request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt)
         stream = RequestStream(request_id, len(request.prompt_token_ids))
-        self._commands.put(("add", request, stream))
+        with self._lock:
+            if self._closed is not None:
+                raise EngineDeadError(self._closed)
+            self._commands.put(("add", request, stream))
         self._wakeup.set()
         return stream
 
@@ -133,6 +167,11 @@ class StreamingEngine:
     def reset_prefix_cache(self) -> None:
         self._commands.put(("reset", None, None))
         self._wakeup.set()
+
+    def health(self) -> EngineHealth:
+        thread = self._thread
+        alive = thread is not None and thread.is_alive() and self._closed is None
+        return EngineHealth(alive, self._error, self._last_step_at)
 
     def metrics(self) -> dict:
         """The latest figures, refreshed by the loop after every step (a consistent snapshot)."""
@@ -145,6 +184,15 @@ class StreamingEngine:
     # --- loop thread ----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:
+            logger.exception("engine loop died")
+            self._error = f"engine loop failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._close(self._error or "the engine has shut down")
+
+    def _serve(self) -> None:
         checked_since_busy = True
         while not self._stopping:
             self._drain_commands()
@@ -164,6 +212,7 @@ class StreamingEngine:
                 logger.exception("engine step failed")
                 self._fail_all(f"engine step failed: {exc}")
                 continue
+            self._last_step_at = time.time()
             for output in outputs:
                 self._publish(output)
             self._refresh_metrics()
@@ -180,7 +229,7 @@ class StreamingEngine:
     def _check_integrity(self) -> None:
         try:
             self.engine.check_integrity()
-        except AssertionError:  # a bug: say so loudly, but keep the worker serving
+        except IntegrityError:  # a bug: say so loudly, but keep the worker serving
             logger.exception("KV cache invariant violated")
 
     def _drain_commands(self) -> None:
@@ -193,8 +242,7 @@ class StreamingEngine:
             changed = True
             if kind == "add":
                 try:
-                    self.engine.add(payload)
-                    self._streams[payload.request_id] = (stream, payload)
+                    self._add(payload, stream)
                 except ValueError as exc:
                     stream.error = str(exc)
                     stream._put(_END)
@@ -206,6 +254,18 @@ class StreamingEngine:
                 self.engine.reset_prefix_cache()
         if changed:
             self._refresh_metrics(force=True)
+
+    def _add(self, request: Request, stream: RequestStream) -> None:
+        """Hand a request to the engine; its stream is registered first, so that if `add` fails other than
+        by refusing it (ValueError), the loop's failure ends this stream with the rest."""
+        if request.request_id in self._streams:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self._streams[request.request_id] = (stream, request)
+        try:
+            self.engine.add(request)
+        except ValueError:
+            del self._streams[request.request_id]
+            raise
 
     def _publish(self, output: RequestOutput) -> None:
         entry = self._streams.get(output.request_id)
@@ -229,9 +289,31 @@ class StreamingEngine:
             del self._streams[output.request_id]
 
     def _fail_all(self, message: str) -> None:
-        for request_id, (stream, _) in list(self._streams.items()):
+        """End every in-flight stream with an error, then abort its request (freeing its blocks)."""
+        streams, self._streams = self._streams, {}
+        for request_id, (stream, _) in streams.items():
+            _end_with_error(stream, message)
+        for request_id in streams:
             self.engine.abort_request(request_id)
-            stream.error = message
-            stream._put(StreamDelta(request_id, 0, "", [], True, "error"))
-            stream._put(_END)
-        self._streams.clear()
+
+    def _close(self, message: str) -> None:
+        """The loop is stopping: refuse new requests, fail the queued and in-flight ones."""
+        with self._lock:
+            self._closed = message
+        while True:
+            try:
+                kind, _, stream = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                _end_with_error(stream, message)
+        try:
+            self._fail_all(message)
+        except Exception:
+            logger.exception("could not abort the failed requests")
+
+
+def _end_with_error(stream: RequestStream, message: str) -> None:
+    stream.error = message
+    stream._put(StreamDelta(stream.request_id, 0, "", [], True, "error"))
+    stream._put(_END)

@@ -1,7 +1,6 @@
-"""Shared engines and the HF transformers oracle for the engine tests.
+"""Fixtures for the engine tests: the idle-engine check after every test and the HF transformers oracle.
 
-Loading a model takes seconds, so engines are built once per configuration and shared; every test that
-uses one must leave it idle, which the `idle_engine_check` fixture asserts after the test.
+The shared engines live in tests/inference/engines.py (import them from there, never from this file).
 """
 
 from __future__ import annotations
@@ -9,49 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference import LLM
 from inference.model_loader import DEFAULT_MODEL, resolve_model
-
-# Eight prompts of clearly different lengths (2 to ~150 tokens) for the greedy oracle.
-ORACLE_PROMPTS = [
-    "Hi",
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "1, 2, 3, 4, 5,",
-    "Explain in one sentence why the sky is blue to a curious child who keeps asking questions.",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a land far away, there lived a king who had three daughters. The eldest was "
-    "proud, the second was clever, and the youngest was kind. One day a stranger came to the castle and",
-    " ".join(f"Item {i}: a line of a long shopping list with apples, pears and bread." for i in range(10)),
-]
-
-_engines: dict[tuple, LLM] = {}
-
-
-def get_llm(**kwargs) -> LLM:
-    """An engine for this configuration, built on first use (small KV pools keep memory modest)."""
-    kwargs.setdefault("num_kv_blocks", 256)
-    key = tuple(sorted(kwargs.items()))
-    if key not in _engines:
-        _engines[key] = LLM(**kwargs)
-    return _engines[key]
-
-
-def assert_idle(llm: LLM) -> None:
-    """Every request is gone: no block in use, all invariants hold."""
-    engine = llm.llm_engine
-    engine.check_integrity()
-    metrics = llm.metrics()
-    assert metrics["num_blocks_used"] == 0
-    assert metrics["num_blocks_free"] + metrics["num_blocks_cached"] == metrics["num_blocks_total"]
-    assert all(b["ref_count"] == 0 for b in metrics["block_map"])
+from tests.inference.engines import assert_all_idle, get_llm
 
 
 @pytest.fixture(autouse=True)
 def idle_engine_check():
+    """Every test must leave every shared engine idle (no request, no block in use)."""
     yield
-    for llm in _engines.values():
-        assert_idle(llm)
+    assert_all_idle()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inference import BeamSearchParams
-from tests.inference.conftest import get_llm
+from tests.inference.engines import get_llm
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def add(a, b):"]
 

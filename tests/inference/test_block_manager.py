@@ -1,10 +1,16 @@
 """Block accounting without a model: exact block ids for allocation, sharing, copy-on-write, eviction."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from inference.block_manager import BlockManager
+from inference.block_manager import BlockManager, IntegrityError
 from inference.sampling_params import SamplingParams
 from inference.sequence import Request
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_seq(tokens, n=1, salt=None, request_id="r"):
@@ -115,7 +121,7 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_block():
 
 def test_release_below_zero_is_caught():
     bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
-    with pytest.raises(AssertionError):
+    with pytest.raises(IntegrityError, match="ref count 0"):
         bm.pool.release(0)
 
 
@@ -130,3 +136,72 @@ def test_reset_prefix_cache_forgets_only_unused_blocks():
     assert bm.find_cached_prefix(make_seq([7, 8, 9])) == []
     assert len(bm.find_cached_prefix(make_seq([1, 2, 3, 4, 5]))) == 2
     bm.check_integrity([kept])
+
+
+def test_a_hash_collision_is_a_miss_never_another_prefix(monkeypatch):
+    """A block hash that sees only the block's last token: [1 2 3 4] and [9 9 9 4] collide, and so do their
+    children [5 6 7 8]. The child cached under [9 9 9 4] must not serve a prompt starting [1 2 3 4]."""
+    monkeypatch.setattr("inference.block_manager.hash_block_tokens", lambda parent, tokens, extra=(): tokens[-1])
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    a = make_seq([1, 2, 3, 4, 0], request_id="a")
+    run_chunk(bm, a, 5)
+    a_first = a.block_table[0]
+    b = make_seq([9, 9, 9, 4, 5, 6, 7, 8, 0], request_id="b")
+    assert bm.find_cached_prefix(b) == []  # same hash as a's first block, other tokens
+    run_chunk(bm, b, 9)  # b's first block stays unindexed (hash taken); its second is indexed
+    b_second = b.block_table[1]
+    assert bm.pool.blocks[b_second].block_hash is not None
+    bm.free(a)
+    bm.free(b)
+    c = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0], request_id="c")
+    assert bm.find_cached_prefix(c) == [a_first]  # not [a_first, b_second]: b_second sits on [9 9 9 4]
+    bm.check_integrity([])
+
+
+def test_a_constant_hash_serves_only_exact_blocks(monkeypatch):
+    monkeypatch.setattr("inference.block_manager.hash_block_tokens", lambda parent, tokens, extra=(): 0)
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    first = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0], salt="alice")
+    run_chunk(bm, first, 9)
+    first_blocks = list(first.block_table)
+    bm.free(first)
+    assert bm.find_cached_prefix(make_seq([5, 6, 7, 8, 1, 2, 3, 4, 0], salt="alice")) == []
+    assert bm.find_cached_prefix(make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0], salt="bob")) == []
+    # Every block hashes to 0, so only the first block could be indexed; it still serves its own prefix.
+    assert bm.find_cached_prefix(make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0], salt="alice")) == first_blocks[:1]
+
+
+def test_a_parent_evicted_and_reused_no_longer_vouches_for_its_child():
+    bm = BlockManager(num_blocks=3, block_size=2, enable_prefix_caching=True)
+    first = make_seq([1, 2, 3, 4, 0])
+    run_chunk(bm, first, 5)
+    parent, child = first.block_table[:2]
+    bm.free(first)
+    # Take the partial block and the child's parent; the parent is recomputed with the same tokens,
+    # so its hash comes back, but its generation moved on.
+    other = make_seq([1, 2, 7])
+    bm.pool.touch(child)  # keep the child cached and out of the eviction order
+    bm.pool.reset_prefix_cache()  # drops only the unused parent
+    run_chunk(bm, other, 3)
+    bm.pool.release(child)
+    assert parent in other.block_table
+    assert bm.find_cached_prefix(make_seq([1, 2, 3, 4, 0])) == [parent]
+    bm.free(other)
+    bm.check_integrity([])
+
+
+def test_integrity_check_survives_python_optimize(tmp_path):
+    """`python -O` strips assert statements; the checker must still raise on a corrupted pool."""
+    script = (
+        "from inference.block_manager import BlockManager, IntegrityError\n"
+        "assert False, 'asserts are on'\n"  # stripped under -O: proves the mode
+        "bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=True)\n"
+        "bm.pool.blocks[2].ref_count = 1\n"
+        "try:\n"
+        "    bm.check_integrity([])\n"
+        "except IntegrityError as exc:\n"
+        "    print('caught:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-O", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "caught: block 2: ref count 1, held by 0"

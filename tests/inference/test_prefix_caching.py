@@ -1,7 +1,7 @@
 """Automatic prefix caching and copy-on-write sharing, checked against caching-off greedy output."""
 
 from inference import SamplingParams
-from tests.inference.conftest import get_llm
+from tests.inference.engines import get_llm
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 SYSTEM = ("You are a meticulous assistant for a public library. Answer briefly, cite the shelf when you "
@@ -109,3 +109,22 @@ def test_n4_stores_the_prompt_once_and_copies_on_write():
     ]
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def test_forced_hash_collisions_never_serve_another_prompts_kv(monkeypatch):
+    """With a block hash that sees only a block's last token, X and Z (same last token) collide, and Y's
+    hash is the same under either. C = X + Y must not reuse the Y that was computed after Z."""
+    monkeypatch.setattr("inference.block_manager.hash_block_tokens", lambda parent, tokens, extra=(): tokens[-1])
+    on, off = get_llm(), get_llm(enable_prefix_caching=False)
+    on.reset_prefix_cache()
+    base = ids(on, SYSTEM)
+    x, y = base[:16], base[16:48]
+    z = ids(on, "Completely different words about volcanoes, lava, ash and the clouds over the sea")[:15] + x[-1:]
+    assert len(z) == 16
+    prompts = [{"prompt_token_ids": x + ids(on, " Hello")},
+               {"prompt_token_ids": z + y + ids(on, " Question one?")},
+               {"prompt_token_ids": x + y + ids(on, " Question two?")}]
+    want = run(off, prompts)
+    outputs = [on.generate([p], GREEDY)[0] for p in prompts]
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    assert outputs[2].num_cached_tokens == 16  # x came from the cache; y was recomputed on x

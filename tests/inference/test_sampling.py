@@ -8,7 +8,7 @@ import torch
 from inference import SamplingParams
 from inference.sampler import _apply_penalties, _sample_random
 from inference.sequence import Request
-from tests.inference.conftest import get_llm
+from tests.inference.engines import get_llm
 
 PROMPT = "Write a short poem about autumn leaves."
 OTHERS = ["Tell me a joke.", "List three colours:", "What is 2 + 2?"]

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from inference import SamplingParams, StreamingEngine
-from tests.inference.conftest import ORACLE_PROMPTS, get_llm
+from tests.inference.engines import ORACLE_PROMPTS, get_llm
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import pytest
 
 from inference import SamplingParams
-from tests.inference.conftest import get_llm
+from tests.inference.engines import get_llm
 
 pytest.importorskip("triton")
 

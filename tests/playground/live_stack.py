@@ -38,6 +38,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_http(url: str, timeout: float) -> None:
+    """Until `url` answers at all (any HTTP status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urlopen(url, timeout=5).close()
+            return
+        except OSError as exc:
+            if getattr(exc, "code", None) is not None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout} s") from exc
+            time.sleep(0.2)
+
+
 def empty_redis_db() -> int:
     """An unused Redis database number, so tests never meet other users' queues."""
     for db in range(15, 0, -1):
@@ -60,6 +75,7 @@ class LiveStack:
             "PLAYGROUND_VAR_DIR": str(workdir / "var"),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PLAYGROUND_ALLOW_ANONYMOUS": "1",
+            "SECRET_KEY": "live-stack-test-key",
             "DJANGO_SETTINGS_MODULE": "playground.settings",
             "PYTHONUNBUFFERED": "1",
             **ENGINE_ENV,
@@ -75,9 +91,7 @@ class LiveStack:
     def start_web(self) -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=self.env, check=True,
                        timeout=300)  # fmt: skip
-        self.web = self._spawn(
-            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"], "web.log"
-        )
+        self.web = self._spawn([sys.executable, "manage.py", "web", "--port", str(self.port)], "web.log")
         self.wait(lambda: self.health() is not None, 60, "daphne to serve /healthz")
 
     def start_worker(self, name: str) -> None:

@@ -1,76 +1,19 @@
 """ChatConsumer over `channels.testing.WebsocketCommunicator`, with the real worker runtime, engine service
-and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_engine.py).
-
-The worker side runs as in the embedded mode: its sends go through the test's event loop, and each
-"Celery task" is a thread running `WorkerRuntime.serve`.
+and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_worker.py).
 """
 import asyncio
-import contextlib
-import threading
 import time
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from fake_engine import FakeStreamingEngine
+from fake_worker import ASK, ORIGIN, connect, generate, until_end, worker
 
 from playground.asgi import application
 from playground.chat.models import Conversation
-from playground.serving.web import dispatch
-from playground.serving.worker.bridge import LoopBridge
-from playground.serving.worker.engine_service import EngineService
 from playground.serving.shared.naming import GPU_QUEUE
-from playground.serving.worker.runtime import WorkerRuntime
+from playground.serving.web import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://127.0.0.1")
-ASK = [{"role": "user", "content": "hi there"}]
-
-
-@contextlib.asynccontextmanager
-async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
-    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads."""
-    engine = FakeStreamingEngine(delay)
-    service = EngineService({}, engine_factory=lambda **kwargs: engine)
-    runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
-    runtime.start()
-    await asyncio.to_thread(service.wait_ready, 10)
-    submitted: list[dict] = []
-    tasks: list[threading.Thread] = []
-
-    def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
-        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
-        tasks.append(threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt), daemon=True))
-        tasks[-1].start()
-        return GPU_QUEUE
-
-    monkeypatch.setattr(dispatch, "submit", submit)
-    try:
-        yield engine, submitted
-    finally:
-        for task in tasks:  # their last messages go through this test's loop: let them finish while it runs
-            await asyncio.to_thread(task.join, 5)
-        await asyncio.to_thread(runtime.stop)
-
-
-async def connect(headers=(ORIGIN,)) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=list(headers))
-    connected, _ = await communicator.connect(timeout=5)
-    assert connected
-    return communicator
-
-
-async def until_end(communicator: WebsocketCommunicator, timeout: float = 5) -> list[dict]:
-    """Frames up to and including the first done or error."""
-    frames = []
-    while True:
-        frame = await communicator.receive_json_from(timeout=timeout)
-        frames.append(frame)
-        if frame["type"] in ("done", "error"):
-            return frames
-
-
-def generate(messages=ASK, **params) -> dict:
-    return {"type": "generate", "messages": messages, "params": {"temperature": 0, **params}}
 
 
 def run(coro):
@@ -257,7 +200,7 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
                 f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
-        def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
+        def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None):
             asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
             return GPU_QUEUE
 

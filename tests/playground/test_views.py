@@ -28,8 +28,9 @@ def test_chat_page_context(client):
     assert list(ctx["conversations"]) == [conversation]
     assert ctx["active_conversation"] is None
     assert ctx["ws_path"] == "/ws/chat/"
-    assert ctx["limits"]["max_tokens"] >= ctx["sampling_defaults"]["max_tokens"]
     config = ctx["chat_config"]
+    specs = {spec["name"]: spec for spec in config["sampling"]}
+    assert specs["max_tokens"]["max"] == ctx["limits"]["max_tokens"] >= specs["max_tokens"]["value"]
     assert config["conversation"] is None and config["user"]["is_authenticated"] is False
     assert config["urls"]["conversations"] == "/api/conversations/"
     assert "chat-config" in response.content.decode()

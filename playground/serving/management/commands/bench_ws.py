@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from playground.serving.tools import bench
 from playground.serving import embedded
+from playground.serving.web import sampling
 from playground.serving.worker import runtime
 
 LOAD_TIMEOUT_S = 600
@@ -25,7 +26,7 @@ class Command(BaseCommand):
         if clients < 1 or max_tokens < 1:
             raise CommandError("--clients and --max-tokens must be at least 1")
         call_command("migrate", interactive=False, verbosity=0)
-        params = {**settings.PLAYGROUND_SAMPLING_DEFAULTS, "temperature": 0.0, "max_tokens": max_tokens}
+        params = {**sampling.defaults(settings.PLAYGROUND_LIMITS), "temperature": 0.0, "max_tokens": max_tokens}
         outcome: dict = {}
 
         def measure() -> None:
