@@ -106,7 +106,7 @@ class RequestMetrics:
         """At admission: the first `hit_tokens` prompt tokens come from the prefix cache (first time only)."""
         if not self.prompt_sources:
             self.prompt_sources = bytearray([PROMPT_PENDING]) * num_prompt_tokens
-        for t in range(hit_tokens):
+        for t in range(min(hit_tokens, num_prompt_tokens)):  # a readmitted sequence may hit past its prompt
             if self.prompt_sources[t] == PROMPT_PENDING:
                 self.prompt_sources[t] = PROMPT_CACHED
 

@@ -13,12 +13,9 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from playground.chat.protocol import decode_frame
 from playground.serving.shared import registry
 from playground.serving.shared.naming import LAB_COMMANDS, lab_group, lab_worker_group
-from playground.serving.web.sampling import InvalidInput
-
-CLOSE_LOGIN_REQUIRED = 4401
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 
 def may_use_lab(user) -> bool:
@@ -35,7 +32,7 @@ def pick_worker(workers: list[dict[str, Any]]) -> str | None:
 class LabConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         if not may_use_lab(self.scope.get("user")):
-            await self.close(code=CLOSE_LOGIN_REQUIRED)
+            await self.close(code=CLOSE_CODES["login_required"])
             return
         self.lab_id = uuid.uuid4().hex
         self.worker: str | None = None
@@ -53,7 +50,7 @@ class LabConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            frame = decode_frame(text_data, settings.PLAYGROUND_LIMITS["max_frame_bytes"])
+            frame = decode_frame(text_data, settings.PLAYGROUND_LIMITS)
             command = frame.pop("type", None)
             if command not in LAB_COMMANDS or command == "close":
                 raise InvalidInput(f"type must be one of {', '.join(c for c in LAB_COMMANDS if c != 'close')}")
