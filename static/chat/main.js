@@ -254,7 +254,7 @@ function handleDone(msg) {
   const { stream, view } = active;
   stream.finish(msg);
   view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
-    timing: stream.timing, gaps: stream.gaps });
+    timing: stream.timing, gaps: stream.gaps, receipt: stream.receipt, promptSegments: stream.promptSegments });
   const turn = {
     role: "assistant",
     content: stream.texts[view.chosen],

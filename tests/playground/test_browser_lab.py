@@ -165,3 +165,41 @@ def _steps(recording: dict) -> list[int]:
         if not steps or steps[-1] != event["step"]:
             steps.append(event["step"])
     return steps
+
+
+def test_chat_replies_carry_a_cache_receipt_with_the_prompt_coloured(server, page):
+    """A follow-up turn finds the first turn's prompt in the prefix cache: its receipt says so, and the
+    provenance view colours exactly that many tokens' worth of blocks green."""
+    page.goto(f"{server.base_url}/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    for question in ("Name three colours, briefly.", "And three animals?"):
+        page.fill("#prompt", question)
+        page.keyboard.press("Enter")
+        page.wait_for_function("(n) => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === n",
+                               arg=page.locator(".msg-assistant").count(), timeout=120_000)  # fmt: skip
+    reply = page.locator(".msg-assistant").last
+    cached = int(reply.locator('[data-stat="cached_tokens"] .stat-value').inner_text())
+    assert cached > 0
+    reply.locator(".receipt summary").click()
+    assert reply.locator('[data-stat="receipt_cached"] .stat-value').inner_text().startswith(f"{cached} tokens")
+    green = reply.locator('.provenance [data-source="cached"]')
+    assert green.count() == cached // 16  # one segment per cached block (the server's blocks are 16 tokens)
+    assert reply.locator('.provenance [data-source="computed"]').count() >= 1
+    assert reply.locator('[data-stat="receipt_preemptions"] .stat-value').inner_text() == "0"
+    screenshot(page, "cache-receipt")
+
+
+def test_the_api_returns_the_receipt_in_usage(server):
+    key = server.api_key("receipt-user")
+    body = json.dumps({"model": "smollm2-135m-instruct", "prompt": "The three primary colours are",
+                       "max_tokens": 4, "temperature": 0}).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    status, raw = server.post("/v1/completions", body, headers)
+    assert status == 200, raw
+    usage = json.loads(raw)["usage"]
+    receipt = usage["cache_receipt"]
+    assert receipt["cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"]
+    spans = receipt["provenance"]
+    assert spans[0][0] == 0 and spans[-1][1] == usage["prompt_tokens"]
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous cover of the prompt
+    assert receipt["ttft_ms"] > 0 and receipt["preemptions"] == 0
