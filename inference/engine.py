@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from inference.beam_search import BeamSearchParams, BeamState, advance
 from inference.block_manager import BlockManager, IntegrityError
 from inference.config import EngineArgs
+from inference.counterfactual import contiguous_admission
 from inference.detokenizer import Detokenizer
 from inference.events import EventLog, Finished, RequestAdded
 from inference.model_loader import resolve_model
@@ -312,6 +313,14 @@ class LLMEngine:
             return self.max_model_len
         return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
 
+    def contiguous_counterfactual(self) -> dict[str, dict[str, int]]:
+        """What a contiguous allocator would reserve for the live requests in this pool, under both policies
+        (inference/counterfactual.py): the one definition every view shows."""
+        live = sorted(self.requests.values(), key=lambda r: r.arrival_time)
+        wants = [(len(r.prompt_token_ids), r.params.max_tokens, len(r.seqs) if r.forked else r.params.n)
+                 for r in live]
+        return contiguous_admission(wants, self.block_manager.pool.num_blocks, self.block_size, self.max_model_len)
+
     def check_integrity(self) -> None:
         """Check every block-accounting invariant (DESIGN.md), raising `IntegrityError`; cheap between steps."""
         self.block_manager.check_integrity(self.live_sequences())
@@ -356,6 +365,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "evictions_total": pool.num_evictions,
             "cow_copies_total": self.block_manager.num_cow_copies,
+            "contiguous": self.contiguous_counterfactual(),
         }
         if block_map:
             # Block tables are snapshotted here, in the engine's thread, so they agree with the block map.

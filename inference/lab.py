@@ -7,7 +7,7 @@ those names are their request ids, so the event log's plain-language sentences r
 
 After every `step()` the session hands back a `snapshot()`: the physical pool (ref counts, hashes, fill),
 each request's logical blocks with their physical block ids, the free queue in eviction order, the step's
-events with a sentence each, and the contiguous-allocation counterfactual (inference/counterfactual.py).
+events with a sentence each, and the contiguous-allocation counterfactual (LLMEngine.contiguous_counterfactual).
 Single-threaded like the engine: one caller at a time.
 """
 
@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 
 from inference.beam_search import BeamSearchParams
 from inference.config import DTYPES, EngineArgs
-from inference.counterfactual import contiguous_admission
 from inference.engine import LLMEngine
 from inference.events import hash_label
 from inference.sampling_params import SamplingParams
@@ -185,7 +184,7 @@ class LabSession:
                 "num_blocks_used", "num_blocks_free", "num_blocks_cached", "num_blocks_shared",
                 "num_preemptions_total", "cow_copies_total", "evictions_total", "prefix_cache_hits_total",
                 "prefix_cache_queries_total")},
-            "contiguous": self._counterfactual(),
+            "contiguous": metrics["contiguous"],
             "idle": self.is_idle(),
         }
 
@@ -210,11 +209,3 @@ class LabSession:
                 for s in seqs
             ],
         }
-
-    def _counterfactual(self) -> dict:
-        """What a contiguous allocator would do with the same requests in the same pool (both policies)."""
-        live = list(self.engine.requests.values())
-        wants = [(len(r.prompt_token_ids), r.params.max_tokens, len(r.seqs) if r.forked else r.params.n)
-                 for r in sorted(live, key=lambda r: r.arrival_time)]
-        return contiguous_admission(wants, self.config.num_blocks, self.config.block_size,
-                                    self.config.max_model_len)

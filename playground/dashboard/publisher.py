@@ -112,7 +112,7 @@ class SnapshotPublisher:
         summary = snapshot.build_summary(self.worker, counters, tokens_per_s, self.latency.summary(), time.time())
         if now > self._watched_until or memory is None:
             return Publication(summary, None)
-        return Publication(summary, snapshot.with_block_map(summary, memory, metrics["block_size"]))
+        return Publication(summary, snapshot.with_block_map(summary, memory))
 
     def publish(self, publication: Publication) -> None:
         """Send the summary to the chat pages' group and the full snapshot, if any, to the memory view's."""

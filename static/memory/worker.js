@@ -54,7 +54,7 @@ export class WorkerCard {
     const blockSize = m.block_size ?? 16;
     renderReservation(this.q(".reservation"), {
       pagedBlocks: m.num_blocks_used ?? counts.used + counts.shared,
-      contiguousBlocks: snapshot.contiguous_reserved_blocks ?? 0,
+      contiguous: m.contiguous,
       totalBlocks: m.num_blocks_total ?? blocks.length,
       blockSize,
       tokensHeld: requests.reduce((sum, r) => sum + r.context_len, 0),
