@@ -10,9 +10,13 @@ Full snapshots cost a worker a pass over its whole block pool, so workers build 
 view holds a lease: `kv.refresh` with `watch: true`, renewed by `kv.watch` every WATCH_RENEW_S, lasting
 WATCH_LEASE_S. Without one they publish summaries only.
 """
+import asyncio
+import logging
 from typing import Any
 
 from playground.serving.shared.naming import CONTROL_GROUP
+
+logger = logging.getLogger(__name__)
 
 KV_GROUP = "kv"
 SUMMARY_GROUP = "kv.summary"
@@ -34,6 +38,17 @@ async def watch(layer: Any, channel_name: str, group: str, full: bool) -> None:
 async def renew(layer: Any) -> None:
     """Renew the watch lease of a memory view that is still open."""
     await layer.group_send(CONTROL_GROUP, {"type": WATCH})
+
+
+async def keep_watching(layer: Any) -> None:
+    """Renew the watch lease for as long as this task runs (cancel it when the viewer leaves), so the workers
+    keep building full snapshots."""
+    while True:
+        await asyncio.sleep(WATCH_RENEW_S)
+        try:
+            await renew(layer)
+        except Exception:  # the layer is down: try again next round; the lease outlives two misses
+            logger.exception("could not renew a watch lease")
 
 
 async def reset_prefix_cache(layer: Any, worker: str) -> None:

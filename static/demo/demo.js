@@ -13,6 +13,8 @@ import { JsonSocket } from "../common/socket.js";
 import { chartValues } from "../common/snapshot.js";
 import { KvCharts, renderFigures } from "../common/kvcharts.js";
 import { POLICIES } from "../memory/reservation.js";
+import { BlockMap } from "../memory/blockmap.js";
+import { decodeBlockMap } from "../common/snapshot.js";
 
 const config = JSON.parse(document.getElementById("demo-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -127,12 +129,25 @@ function onSnapshot(snapshot) {
   memory.dataset.peakUsage = String(peak);
 }
 
+/** The block map of the demo's own requests (the server attributes everyone else's blocks to "others"). */
+let blockMap = null;
+function onBlocks(msg) {
+  if (msg.worker !== watchedWorker) return;
+  blockMap ??= new BlockMap($("demo-blockmap"), $("demo-tooltip"));
+  const counts = blockMap.update(decodeBlockMap(msg.block_map));
+  $("demo-blockmap-counts").textContent =
+    `${counts.used} used · ${counts.shared} shared · ${counts.cached} cached · ${counts.free} free, ` +
+    `${msg.requests.length} of the demo's sequences running`;
+}
+
 function onFrame(msg) {
   switch (msg.type) {
     case "state":
       return resetRun(msg);
     case "snapshot":
       return onSnapshot(msg);
+    case "blocks":
+      return onBlocks(msg);
     case "error":
       return showError(msg.message);
     case "event":
