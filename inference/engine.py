@@ -16,7 +16,7 @@ from inference.block_manager import BlockManager, IntegrityError
 from inference.config import EngineArgs
 from inference.counterfactual import contiguous_admission
 from inference.detokenizer import Detokenizer
-from inference.events import EventLog, Finished, RequestAdded
+from inference.events import EventLog, Finished, Recording, RequestAdded, hash_label
 from inference.model_loader import resolve_model
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
@@ -312,6 +312,21 @@ class LLMEngine:
         if max_tokens is None:
             return self.max_model_len
         return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
+
+    def start_recording(self, limit: int) -> None:
+        """Record every event from now on (at most `limit`), with the pool as it is now (a replay's start)."""
+        pool = self.block_manager.pool
+        live = [s for s in self.scheduler.running if s.block_table]
+        initial = {
+            "ref_counts": [b.ref_count for b in pool.blocks],
+            "hashes": [hash_label(b.block_hash) for b in pool.blocks],
+            "tables": {str(s.seq_id): list(s.block_table) for s in live},
+            "owners": {str(s.seq_id): s.request_id for s in live},
+        }
+        self.events.start_recording(Recording(pool.num_blocks, self.block_size, initial, limit))
+
+    def stop_recording(self) -> Recording | None:
+        return self.events.stop_recording()
 
     def contiguous_counterfactual(self) -> dict[str, dict[str, int]]:
         """What a contiguous allocator would reserve for the live requests in this pool, under both policies

@@ -22,6 +22,11 @@ events describe every change of ref count and table:
     cache_reset     the prefix cache was emptied (blocks lose their hashes, nothing else changes)
 
 Recording is cheap when nobody listens: emitters check `EventLog.enabled` before building a record.
+
+Besides the ring buffer, a *recording* keeps every event from a moment on (up to a limit) together with the
+pool's state at that moment, so that a replay can start mid-run (a live worker's): `BlockMapReplay` starts
+from that state instead of an empty pool. A recording that hit its limit says so (`truncated`) and keeps
+nothing after it, so what it holds stays replayable.
 """
 
 from __future__ import annotations
@@ -222,6 +227,28 @@ EVENT_TYPES: dict[str, type[EngineEvent]] = {
 }
 
 
+RECORDING_FORMAT = "paged-playground-recording/1"
+
+
+@dataclass
+class Recording:
+    """Events from `initial` (the pool at the start: ref counts, hashes, tables by seq id, their owners) on."""
+
+    num_blocks: int
+    block_size: int
+    initial: dict
+    limit: int
+    events: list[EngineEvent] = field(default_factory=list)
+    truncated: bool = False
+
+    def to_dict(self) -> dict:
+        return {
+            "format": RECORDING_FORMAT, "num_blocks": self.num_blocks, "block_size": self.block_size,
+            "initial": self.initial, "truncated": self.truncated,
+            "events": [{**e.to_dict(), "text": e.describe()} for e in self.events],
+        }
+
+
 def event_from_dict(data: dict) -> EngineEvent:
     """The inverse of `EngineEvent.to_dict` (a recording's JSON back into typed events)."""
     try:
@@ -249,10 +276,18 @@ class EventLog:
         self.events: deque[EngineEvent] = deque(maxlen=capacity or 1)
         self.listeners: list[Callable[[EngineEvent], None]] = []
         self.num_dropped = 0
+        self.recording: Recording | None = None
 
     @property
     def enabled(self) -> bool:
-        return self.capacity > 0 or bool(self.listeners)
+        return self.capacity > 0 or bool(self.listeners) or self.recording is not None
+
+    def start_recording(self, recording: Recording) -> None:
+        self.recording = recording
+
+    def stop_recording(self) -> Recording | None:
+        recording, self.recording = self.recording, None
+        return recording
 
     def record(self, capacity: int) -> None:
         """Keep the newest `capacity` events from now on (0 stops recording and clears the buffer)."""
@@ -265,6 +300,12 @@ class EventLog:
             if len(self.events) == self.capacity:
                 self.num_dropped += 1
             self.events.append(event)
+        recording = self.recording
+        if recording is not None and not recording.truncated:
+            if len(recording.events) < recording.limit:
+                recording.events.append(event)
+            else:
+                recording.truncated = True
         for listener in self.listeners:
             listener(event)
 
@@ -292,6 +333,17 @@ class BlockMapReplay:
     def __post_init__(self) -> None:
         self.ref_counts = [0] * self.num_blocks
         self.hashes = [None] * self.num_blocks
+
+    @classmethod
+    def starting_from(cls, num_blocks: int, initial: dict | None) -> BlockMapReplay:
+        """A replay from a recording's initial pool (JSON keys are strings), or from an empty pool."""
+        replay = cls(num_blocks)
+        if initial:
+            replay.ref_counts = list(initial["ref_counts"])
+            replay.hashes = list(initial["hashes"])
+            replay.tables = {int(k): list(v) for k, v in initial["tables"].items()}
+            replay.owners = {int(k): v for k, v in initial["owners"].items()}
+        return replay
 
     def apply(self, event: EngineEvent) -> None:
         if isinstance(event, BlockAllocated):
@@ -332,12 +384,12 @@ class BlockMapReplay:
         return "cached" if self.hashes[block_id] is not None else "free"
 
 
-def replay_steps(num_blocks: int, events: Iterable[EngineEvent]) -> dict[int, BlockMapReplay]:
-    """The replayed block map as it stood at the end of every step that appears in `events`.
-
-    Returns copies keyed by step, so a slider can jump to any of them.
+def replay_steps(num_blocks: int, events: Iterable[EngineEvent], initial: dict | None = None
+                 ) -> dict[int, BlockMapReplay]:
+    """The replayed block map as it stood at the end of every step that appears in `events`, starting from
+    `initial` (a recording's) or an empty pool. Returns copies keyed by step, so a slider can jump to any.
     """
-    replay = BlockMapReplay(num_blocks)
+    replay = BlockMapReplay.starting_from(num_blocks, initial)
     states: dict[int, BlockMapReplay] = {}
     current = None
     for event in events:

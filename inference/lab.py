@@ -36,6 +36,7 @@ LAB_LIMITS = {
 }
 LAB_BLOCK_SIZES = (8, 16)
 MAX_LAB_REQUESTS = 26  # one letter each
+RECORDING_LIMIT = 200_000  # events; a lab of 26 short requests stays far below
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
@@ -99,9 +100,10 @@ class LabSession:
         args = EngineArgs(
             num_kv_blocks=config.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-            enable_prefix_caching=True, event_log_capacity=100_000, **placement,
+            enable_prefix_caching=True, event_log_capacity=10_000, **placement,
         )
         self.engine = LLMEngine(args, model=shared.runner.model if shared is not None else None)
+        self.engine.start_recording(limit=RECORDING_LIMIT)  # from the empty pool: the whole lab replays
         self.requests: dict[str, LabRequest] = {}
         self._engine_requests: dict[str, Request] = {}  # kept after the engine forgets finished ones
         self._reported_events = 0
@@ -148,13 +150,8 @@ class LabSession:
         return [{**e.to_dict(), "text": e.describe()} for e in fresh]
 
     def recording(self) -> dict:
-        """The whole event log with what a replay needs to draw it, as plain JSON."""
-        return {
-            "format": "paged-playground-recording/1",
-            "num_blocks": self.config.num_blocks,
-            "block_size": self.config.block_size,
-            "events": [{**e.to_dict(), "text": e.describe()} for e in self.engine.events.events],
-        }
+        """Every event since the lab opened, with what a replay needs to draw it, as plain JSON."""
+        return self.engine.events.recording.to_dict()
 
     def snapshot(self) -> dict:
         engine = self.engine

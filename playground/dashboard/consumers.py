@@ -114,4 +114,16 @@ class MemoryConsumer(SnapshotFeed):
                 raise InvalidAction(f"worker {worker} is not alive")
             await feed.reset_prefix_cache(self.channel_layer, worker)
             return f"Prefix cache of {worker} reset."
-        raise InvalidAction("type must be 'abort' or 'reset_prefix_cache'")
+        if kind == "record":
+            action = frame.get("action")
+            if action not in ("start", "stop"):
+                raise InvalidAction("action must be 'start' or 'stop'")
+            if await registry.aget(worker) is None:
+                raise InvalidAction(f"worker {worker} is not alive")
+            await feed.record(self.channel_layer, worker, action)
+            return f"Recording of {worker}: {action} sent."
+        raise InvalidAction("type must be 'abort', 'reset_prefix_cache' or 'record'")
+
+    async def kv_recording(self, message: dict[str, Any]) -> None:
+        """A worker's recording started, stopped (ready to download) or failed."""
+        await self.send_json({**message, "type": "recording"})

@@ -88,6 +88,9 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
     async def demo_event(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "event", **message["event"]})
 
+    async def kv_recording(self, message: dict[str, Any]) -> None:
+        """Staff recordings of a worker (on the same group) are not the demo's business."""
+
     async def kv_snapshot(self, event: dict[str, Any]) -> None:
         """A worker's summary snapshot (shape: playground/dashboard/snapshot.py) for the charts; a full one
         becomes the block map of the demo's own requests, nothing of anyone else's."""

@@ -6,11 +6,16 @@
  */
 
 export class BlockMapReplay {
-  constructor(numBlocks) {
-    this.refCounts = new Array(numBlocks).fill(0);
-    this.hashes = new Array(numBlocks).fill(null);
+  /** From a recording's initial pool (a live worker's recording starts mid-run), or an empty one. */
+  constructor(numBlocks, initial = null) {
+    this.refCounts = initial ? [...initial.ref_counts] : new Array(numBlocks).fill(0);
+    this.hashes = initial ? [...initial.hashes] : new Array(numBlocks).fill(null);
     this.tables = new Map(); // seq id -> physical block ids
     this.owners = new Map(); // seq id -> request label
+    for (const [seq, table] of Object.entries(initial?.tables ?? {})) {
+      this.tables.set(Number(seq), [...table]);
+      this.owners.set(Number(seq), initial.owners[seq]);
+    }
   }
 
   apply(e) {
@@ -93,7 +98,7 @@ export function replaySteps(recording) {
   if (recording?.format !== "paged-playground-recording/1" || !Array.isArray(recording.events)) {
     throw new Error("not a Paged Playground recording");
   }
-  const replay = new BlockMapReplay(recording.num_blocks);
+  const replay = new BlockMapReplay(recording.num_blocks, recording.initial);
   const steps = [];
   let current = null;
   let events = [];

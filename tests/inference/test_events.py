@@ -9,7 +9,7 @@ from inference import LLM, SamplingParams
 from inference.block_manager import BlockManager
 from inference.events import (
     BlockAllocated, BlockCached, BlockEvicted, BlocksFreed, BlockTouched, CopyOnWrite, EventLog, Forked,
-    Preempted, Scheduled, event_from_dict, replay_steps,
+    Preempted, Recording, Scheduled, event_from_dict, replay_steps,
 )
 from inference.sampling_params import SamplingParams as Params
 from inference.sequence import Request
@@ -145,3 +145,35 @@ def test_replay_reproduces_the_block_map_after_every_step():
     assert [e.step for e in scheduled] == sorted({e.step for e in scheduled})  # one per step that ran work
     assert all(e.describe() for e in recording)
     assert all(r == 0 for r in replayed[max(replayed)].ref_counts)
+
+
+@pytest.mark.slow
+def test_a_recording_started_mid_run_replays_from_its_initial_pool():
+    """A live worker's recording: begun while requests hold blocks, limited in length, still replayable."""
+    llm = LLM(num_kv_blocks=16, block_size=8, max_model_len=64, max_num_seqs=4)
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request("early", "The quick brown fox jumps over the lazy dog", params)
+    for _ in range(3):
+        engine.step()
+    engine.start_recording(limit=10_000)
+    engine.add_request("late", "The quick brown fox jumps over the lazy dog", params)
+    expected = {}
+    while engine.has_unfinished_requests():
+        engine.step()
+        expected[engine.events.step] = pool_state(engine)
+    recording = engine.stop_recording().to_dict()
+    assert recording["initial"]["tables"] and not recording["truncated"]
+    replayed = replay_steps(16, [event_from_dict(e) for e in recording["events"]], recording["initial"])
+    for step, (refs, _hashed, tables) in expected.items():
+        assert replayed[step].ref_counts == refs and replayed[step].tables == tables, f"step {step}"
+    assert engine.events.recording is None and not engine.events.enabled
+
+
+def test_a_full_recording_stops_and_says_so():
+    log = EventLog()
+    log.start_recording(Recording(4, 4, {}, limit=2))
+    for block in range(3):
+        log.emit(BlockCached, block_id=block, block_hash="h")
+    recording = log.stop_recording()
+    assert [e.block_id for e in recording.events] == [0, 1] and recording.truncated

@@ -100,7 +100,9 @@ def test_scenario_runs_to_its_end_and_replays(base, scenario):
     assert expected_kind[scenario.name] in kinds
     # The recording alone (no model) redraws the pool exactly at every step.
     recording = run.session.recording()
-    replayed = replay_steps(recording["num_blocks"], [event_from_dict(e) for e in recording["events"]])
+    assert not recording["truncated"]
+    replayed = replay_steps(recording["num_blocks"], [event_from_dict(e) for e in recording["events"]],
+                            recording["initial"])
     last = None
     for step in sorted(pools):
         last = replayed.get(step, last)

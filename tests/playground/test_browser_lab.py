@@ -203,3 +203,46 @@ def test_the_api_returns_the_receipt_in_usage(server):
     assert spans[0][0] == 0 and spans[-1][1] == usage["prompt_tokens"]
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous cover of the prompt
     assert receipt["ttft_ms"] > 0 and receipt["preemptions"] == 0
+
+
+STAFF = {"username": "grace", "password": "cobol-1959-compiler"}
+
+
+def test_a_live_workers_recording_downloads_and_replays_in_the_lab(server, page, tmp_path):
+    """Staff record the worker's own engine on /memory/, serve an API request meanwhile, stop, download the
+    recording, and scrub it on /lab/ with no model: the request's blocks appear and are all freed at the end."""
+    server.manage("shell", "-c", "from django.contrib.auth.models import User; "
+                  f"User.objects.create_superuser({STAFF['username']!r}, 'g@example.com', {STAFF['password']!r})")
+    page.goto(f"{server.base_url}/accounts/login/?next=/memory/")
+    page.fill("#id_username", STAFF["username"])
+    page.fill("#id_password", STAFF["password"])
+    page.click("button[type=submit]")
+    page.wait_for_selector(".worker .record", timeout=60_000)
+    page.click(".worker .record")
+    page.wait_for_selector('.worker .record[data-recording="recording"]', timeout=30_000)
+    key = server.api_key("recorded-user")
+    body = json.dumps({"model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 20,
+                       "temperature": 0}).encode()
+    status, _ = server.post("/v1/completions", body, {"Authorization": f"Bearer {key}",
+                                                      "Content-Type": "application/json"})
+    assert status == 200
+    page.click(".worker .record")
+    page.wait_for_selector(".worker .recording-link:not([hidden])", timeout=30_000)
+    href = page.get_attribute(".worker .recording-link", "href")
+    recording = page.request.get(f"{server.base_url}{href}").json()
+    assert recording["format"] == "paged-playground-recording/1" and not recording["truncated"]
+    kinds = {e["kind"] for e in recording["events"]}
+    assert {"request_added", "scheduled", "allocated", "freed", "finished"} <= kinds
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(recording))
+    page.goto(f"{server.base_url}/lab/")
+    page.set_input_files("#import", str(path))
+    page.wait_for_selector("#replay:not([hidden])")
+    assert page.locator('#replay-pool .block[data-state="used"]').count() == 0  # the end: all freed
+    page.fill("#replay-slider", "1")
+    page.dispatch_event("#replay-slider", "input")
+    assert page.locator('#replay-pool .block[data-state="used"]').count() > 0  # mid-request: blocks held
+    anonymous = page.context.browser.new_context().new_page()
+    anonymous.goto(f"{server.base_url}{href}")
+    assert "/accounts/login/" in anonymous.url  # staff only
+    anonymous.close()

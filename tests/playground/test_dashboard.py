@@ -287,10 +287,15 @@ def test_memory_socket_actions_reach_the_workers(staff):
         await ws.send_json_to({"type": "reset_prefix_cache", "worker": "w1"})
         assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RESET_PREFIX_CACHE, "worker": "w1"}
+        await ws.send_json_to({"type": "record", "worker": "w1", "action": "start"})
+        assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RECORD, "worker": "w1",
+                                                                     "action": "start"}
 
         for bad, message in [
+            ({"type": "record", "worker": "w1", "action": "rewind"}, "action must be 'start' or 'stop'"),
             ({"type": "abort", "worker": "w1"}, "request_id must be a non-empty string"),
-            ({"type": "explode", "worker": "w1"}, "type must be 'abort' or 'reset_prefix_cache'"),
+            ({"type": "explode", "worker": "w1"}, "type must be 'abort', 'reset_prefix_cache' or 'record'"),
             ([1, 2], "frame must be a JSON object"),
         ]:
             await ws.send_json_to(bad)

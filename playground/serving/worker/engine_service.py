@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+RECORDING_CALL_TIMEOUT_S = 30.0  # the engine loop runs the call between two steps
+
+
 class EngineUnavailable(RuntimeError):
     """The engine failed to load or is shut down; requests cannot be served."""
 
@@ -123,6 +126,15 @@ class EngineService:
         """Drop every cached, unreferenced block (thread-safe; done at the engine loop's next turn)."""
         if self._engine is not None:
             self._engine.reset_prefix_cache()
+
+    def start_recording(self, limit: int) -> None:
+        """Record the engine's events from now on (inference.events; a live replay starts from this pool)."""
+        self.wait_ready(0).call(lambda engine: engine.start_recording(limit)).result(RECORDING_CALL_TIMEOUT_S)
+
+    def stop_recording(self) -> dict[str, Any] | None:
+        """The recording as JSON-ready data, or None when none was running."""
+        recording = self.wait_ready(0).call(lambda engine: engine.stop_recording()).result(RECORDING_CALL_TIMEOUT_S)
+        return None if recording is None else recording.to_dict()
 
     def metrics(self, block_map: bool = False) -> dict[str, Any]:
         """The engine's latest figures ({} while loading); the block map only when asked (it is large)."""
