@@ -13,7 +13,10 @@ Single-threaded like the engine: one caller at a time.
 
 from __future__ import annotations
 
+import logging
+import os
 import string
+import threading
 from dataclasses import asdict, dataclass
 
 from inference.beam_search import BeamSearchParams
@@ -38,6 +41,19 @@ LAB_BLOCK_SIZES = (8, 16)
 MAX_LAB_REQUESTS = 26  # one letter each
 RECORDING_LIMIT = 200_000  # events; a lab of 26 short requests stays far below
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+LAB_NICE = 19  # the lab's thread runs at the lowest CPU priority
+
+logger = logging.getLogger(__name__)
+
+
+def yield_to_live_work() -> None:
+    """Lower the calling thread's CPU priority to the minimum (Linux: nice is per thread, and the OpenMP
+    workers it starts inherit it), so a lab stepping beside a live engine takes only idle CPU. Call it at the
+    start of the thread that steps sandboxes, before its first forward."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LAB_NICE)
+    except (AttributeError, OSError) as exc:  # not Linux, or not permitted: the lab still works
+        logger.warning("could not lower the lab thread's priority: %s", exc)
 
 
 @dataclass(frozen=True)

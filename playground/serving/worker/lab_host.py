@@ -92,6 +92,9 @@ class LabHost:
 
     # --- the lab thread: run commands, sweep idle labs ------------------------------------------
     def _run(self) -> None:
+        from inference.lab import yield_to_live_work
+
+        yield_to_live_work()  # the worker's own batch comes first
         while True:
             try:
                 message = self._inbox.get(timeout=min(self.idle_s, 30.0))
