@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     llm = LLM(dtype=args.dtype, max_num_seqs=args.requests)
-    prompts = [f"User {i} asks: explain in a few sentences why the sky looks blue at noon." for i in range(args.requests)]
+    question = "explain in a few sentences why the sky looks blue at noon."
+    prompts = [f"User {i} asks: {question}" for i in range(args.requests)]
     live_throughput(llm, prompts[:4], 8)  # warm up
     alone, beside, lab_steps = [], [], []
     for _ in range(args.rounds):

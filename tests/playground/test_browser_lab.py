@@ -61,7 +61,8 @@ def assert_views_agree(page) -> None:
     shared = page.locator("#pool .block.cell-shared").count()
     assert shared == counter(page, "num_blocks_shared")
     in_tables = set(page.eval_on_selector_all("#tables .logical", "cells => cells.map(c => c.dataset.block)"))
-    used_ids = set(page.eval_on_selector_all('#pool .block[data-state="used"]', "cells => cells.map(c => c.dataset.block)"))
+    used_ids = set(page.eval_on_selector_all('#pool .block[data-state="used"]',
+                                             "cells => cells.map(c => c.dataset.block)"))
     assert in_tables == used_ids
 
 
