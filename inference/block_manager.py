@@ -27,6 +27,8 @@ Block states (each block is in exactly one):
 
 `check_integrity()` checks these invariants and the ones in DESIGN.md, raising `IntegrityError` (not
 `assert`, which `python -O` strips); tests call it after every scenario.
+Every change of a ref count, a hash or a block table is also emitted into the engine's `EventLog`
+(inference/events.py), from which `BlockMapReplay` rebuilds the same block map.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from inference.events import (
+    BlockAllocated, BlockCached, BlockEvicted, BlocksFreed, BlockTouched, CacheReset, CopyOnWrite, EventLog,
+    Forked, hash_label,
+)
 from inference.sequence import Sequence
 
 
@@ -85,9 +91,10 @@ class BlockPool:
     least recently released cached block is evicted first.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool, events: EventLog | None = None) -> None:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.enable_caching = enable_caching
+        self.events = events or EventLog()
         self.free_block_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached_block_hash_to_block: dict[int, int] = {}
         self.num_evictions = 0
@@ -152,31 +159,40 @@ class BlockPool:
         block = self.blocks[block_id]
         block.block_hash, block.key = block_hash, key
         self.cached_block_hash_to_block[block_hash] = block_id
+        if self.events.enabled:
+            self.events.emit(BlockCached, block_id=block_id, block_hash=hash_label(block_hash))
 
     def _evict(self, block: KVBlock) -> None:
+        if self.events.enabled:
+            self.events.emit(BlockEvicted, block_id=block.block_id, block_hash=hash_label(block.block_hash))
         del self.cached_block_hash_to_block[block.block_hash]
         block.block_hash, block.key = None, None
         self.num_evictions += 1
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block with ref count 0 (blocks in use keep their hash). Returns how many."""
-        dropped = 0
+        dropped = []
         for block_id in list(self.free_block_queue):
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 del self.cached_block_hash_to_block[block.block_hash]
                 block.block_hash, block.key = None, None
                 self.free_block_queue.move_to_end(block_id, last=False)
-                dropped += 1
-        return dropped
+                dropped.append(block_id)
+        if dropped and self.events.enabled:
+            self.events.emit(CacheReset, block_ids=tuple(dropped))
+        return len(dropped)
 
 
 class BlockManager:
     """Maps sequences onto the pool: prefix lookup, on-demand allocation, copy-on-write, fork, free."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool, events: EventLog | None = None
+    ) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.events = events or EventLog()
+        self.pool = BlockPool(num_blocks, enable_prefix_caching, self.events)
         self.enable_prefix_caching = enable_prefix_caching
         # Copy-on-write work for the model runner: (src, dst) physical block pairs, drained every step.
         self.pending_copies: list[tuple[int, int]] = []
@@ -265,8 +281,11 @@ class BlockManager:
     def admit(self, seq: Sequence, cached_blocks: list[int]) -> None:
         """Start a waiting sequence's block table from its prefix-cache hits."""
         _check(not seq.block_table, f"seq {seq.seq_id} admitted with a block table")
-        for block_id in cached_blocks:
+        for index, block_id in enumerate(cached_blocks):
             self.pool.touch(block_id)
+            if self.events.enabled:
+                self.events.emit(BlockTouched, request_id=seq.request_id, seq_id=seq.seq_id, index=index,
+                                 block_id=block_id, block_hash=hash_label(self.pool.blocks[block_id].block_hash))
         seq.block_table = list(cached_blocks)
         seq.num_cached_blocks = len(cached_blocks)
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
@@ -284,6 +303,10 @@ class BlockManager:
             src = seq.block_table[last]
             dst = self.pool.get_new_block()
             seq.block_table[last] = dst
+            if self.events.enabled:
+                self._emit_allocated(seq, last, dst)
+                self.events.emit(CopyOnWrite, request_id=seq.request_id, seq_id=seq.seq_id, index=last,
+                                 src_block_id=src, dst_block_id=dst)
             # The source keeps this reference until the copy has run (take_pending_copies), so that a
             # preemption later in the same step can never free it and hand it out as another destination.
             self.pending_copies.append((src, dst))
@@ -291,21 +314,36 @@ class BlockManager:
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         while len(seq.block_table) < total:
             seq.block_table.append(self.pool.get_new_block())
+            if self.events.enabled:
+                self._emit_allocated(seq, len(seq.block_table) - 1, seq.block_table[-1])
         return True
+
+    def _emit_allocated(self, seq: Sequence, index: int, block_id: int) -> None:
+        self.events.emit(BlockAllocated, request_id=seq.request_id, seq_id=seq.seq_id, index=index,
+                         block_id=block_id)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give `child` the parent's blocks by reference: nothing is copied until one of them writes."""
         for block_id in parent.block_table:
             self.pool.touch(block_id)
         child.block_table = list(parent.block_table)
+        if self.events.enabled:
+            self.events.emit(Forked, request_id=parent.request_id, parent_seq_id=parent.seq_id,
+                             child_seq_id=child.seq_id, block_ids=tuple(parent.block_table))
         child.block_hashes = list(parent.block_hashes)
         child.num_cached_blocks = parent.num_cached_blocks
         child.num_computed_tokens = parent.num_computed_tokens
 
-    def free(self, seq: Sequence) -> None:
-        """Drop a sequence's references, last block first so that deeper prefix blocks are evicted first."""
+    def free(self, seq: Sequence, reason: str = "finished") -> None:
+        """Drop a sequence's references, last block first so that deeper prefix blocks are evicted first.
+
+        `reason` ("finished", "aborted", "preempted") only labels the emitted event.
+        """
         for block_id in reversed(seq.block_table):
             self.pool.release(block_id)
+        if seq.block_table and self.events.enabled:
+            self.events.emit(BlocksFreed, request_id=seq.request_id, seq_id=seq.seq_id,
+                             block_ids=tuple(seq.block_table), reason=reason)
         seq.block_table = []
         seq.num_cached_blocks = 0
 

@@ -47,6 +47,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     quantization: str | None = None
     quantization_group_size: int = 32
+    # Engine events kept in the ring buffer (inference/events.py); 0 records nothing unless someone listens.
+    event_log_capacity: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -59,6 +61,8 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.event_log_capacity < 0:
+            raise ValueError(f"event_log_capacity must be >= 0, got {self.event_log_capacity}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is None:

@@ -14,8 +14,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from inference.beam_search import BeamSearchParams, BeamState, advance
 from inference.block_manager import BlockManager, IntegrityError
 from inference.config import EngineArgs
+from inference.counterfactual import contiguous_admission
 from inference.detokenizer import Detokenizer
 from inference.lora import LoRAAdapter, LoRAError, LoRARequest
+from inference.events import EventLog, Finished, Recording, RequestAdded, hash_label
 from inference.model_loader import resolve_model
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
@@ -27,12 +29,15 @@ from inference.structured_outputs import StructuredOutputManager
 
 
 class LLMEngine:
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, share_weights_with: LLMEngine | None = None) -> None:
+        """`share_weights_with`: an engine whose loaded (maybe quantized) weights this one uses instead of
+        loading its own (the lab's sandboxes share a worker's); this engine still gets its own KV pool,
+        scheduler and block manager."""
         self.args = args
         folder = resolve_model(args.model)
         torch.manual_seed(args.seed)
         self.tokenizer = load_tokenizer(folder)
-        self.runner = ModelRunner(args, folder)
+        self.runner = ModelRunner(args, folder, share_weights_with.runner if share_weights_with else None)
         self.block_size = args.block_size
         self.max_model_len = args.max_model_len
         if self.runner.num_blocks * args.block_size < args.max_model_len:
@@ -40,7 +45,9 @@ class LLMEngine:
                 f"the KV pool holds {self.runner.num_blocks} blocks x {args.block_size} tokens, less than one "
                 f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
             )
-        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching)
+        self.events = EventLog(args.event_log_capacity)
+        self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching,
+                                          self.events)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.runner.lora)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -125,6 +132,9 @@ class LLMEngine:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
+        if self.events.enabled:
+            self.events.emit(RequestAdded, request_id=request.request_id, seq_id=request.seqs[0].seq_id,
+                             num_prompt_tokens=len(request.prompt_token_ids), n=request.params.n)
         for seq in request.seqs:
             self.detokenizer.start(seq)
             self.scheduler.add(seq)
@@ -147,6 +157,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch step; return outputs (cumulative) for every request that made progress."""
+        self.events.step += 1
         failed = self._fail_uncompiled_grammars()
         plan = self.scheduler.schedule()
         if not plan.scheduled:
@@ -162,6 +173,7 @@ class LLMEngine:
             computed_prompt = max(0, min(seq.num_prompt_tokens, seq.num_computed_tokens + item.num_new_tokens)
                                   - seq.num_computed_tokens)
             metrics.num_computed_prompt_tokens += computed_prompt
+            metrics.record_computed(seq, seq.num_computed_tokens, seq.num_computed_tokens + item.num_new_tokens)
             self.prompt_tokens_total += computed_prompt
 
         sample_rows = [
@@ -328,7 +340,10 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
-        self.scheduler.finish(seq)
+        if self.events.enabled:
+            self.events.emit(Finished, request_id=seq.request_id, seq_id=seq.seq_id, reason=reason,
+                             num_output_tokens=seq.num_output_tokens)
+        self.scheduler.finish(seq, "aborted" if reason == "abort" else "finished")
 
     # --- figures --------------------------------------------------------------------------------
 
@@ -341,6 +356,29 @@ class LLMEngine:
         if max_tokens is None:
             return self.max_model_len
         return min(seq.num_prompt_tokens + max_tokens, self.max_model_len)
+
+    def start_recording(self, limit: int) -> None:
+        """Record every event from now on (at most `limit`), with the pool as it is now (a replay's start)."""
+        pool = self.block_manager.pool
+        live = [s for s in self.scheduler.running if s.block_table]
+        initial = {
+            "ref_counts": [b.ref_count for b in pool.blocks],
+            "hashes": [hash_label(b.block_hash) for b in pool.blocks],
+            "tables": {str(s.seq_id): list(s.block_table) for s in live},
+            "owners": {str(s.seq_id): s.request_id for s in live},
+        }
+        self.events.start_recording(Recording(pool.num_blocks, self.block_size, initial, limit))
+
+    def stop_recording(self) -> Recording | None:
+        return self.events.stop_recording()
+
+    def contiguous_counterfactual(self) -> dict[str, dict[str, int]]:
+        """What a contiguous allocator would reserve for the live requests in this pool, under both policies
+        (inference/counterfactual.py): the one definition every view shows."""
+        live = sorted(self.requests.values(), key=lambda r: r.arrival_time)
+        wants = [(len(r.prompt_token_ids), r.params.max_tokens, len(r.seqs) if r.forked else r.params.n)
+                 for r in live]
+        return contiguous_admission(wants, self.block_manager.pool.num_blocks, self.block_size, self.max_model_len)
 
     def check_integrity(self) -> None:
         """Check every block-accounting invariant (DESIGN.md), raising `IntegrityError`; cheap between steps."""
@@ -389,6 +427,7 @@ class LLMEngine:
             "weight_bytes": self.runner.weight_bytes,
             "kv_pool_bytes": self.runner.kv_pool_bytes,
             "quantization": self.runner.quantization_name,
+            "contiguous": self.contiguous_counterfactual(),
         }
         if block_map:
             # Block tables are snapshotted here, in the engine's thread, so they agree with the block map.

@@ -35,13 +35,16 @@ def resident_bytes(model: torch.nn.Module) -> int:
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, folder: Path) -> None:
+    def __init__(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None = None) -> None:
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.block_size = args.block_size
-        self.quantization = resolve_quantization(
-            args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
-        self.model = load_model(folder, self.device, self.dtype, self.quantization)
+        if weights_of is None:
+            self.quantization = resolve_quantization(
+                args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
+            self.model = load_model(folder, self.device, self.dtype, self.quantization)
+        else:  # another engine's weights (a lab sandbox's), quantized or not; this runner's own KV pool
+            self.quantization, self.model = weights_of.quantization, weights_of.model
         self.weight_bytes = resident_bytes(self.model)
         self.cfg = self.model.cfg
         if args.max_model_len > self.cfg.max_position_embeddings:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from inference.block_manager import BlockManager, IntegrityError
 from inference.lora_slots import LoRAManager
+from inference.events import Preempted, Scheduled
+from inference.events import ScheduledSeq as ScheduledEntry
 from inference.sequence import Sequence, SequenceStatus
 
 
@@ -79,6 +81,9 @@ class Scheduler:
                 victim = next(
                     (v for v in reversed(self.running) if v is not seq and v.seq_id not in scheduled_ids), None
                 )
+                if self.block_manager.events.enabled:
+                    rule = "newest running" if victim else "no other victim"
+                    self._emit_preemption(victim or seq, seq, num_new, rule)
                 self._preempt(victim or seq, out)
                 if victim is None:
                     break
@@ -110,6 +115,12 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+        if out.scheduled and self.block_manager.events.enabled:
+            self.block_manager.events.emit(Scheduled, seqs=tuple(
+                ScheduledEntry(s.seq.seq_id, s.seq.request_id, s.num_new_tokens,
+                               "decode" if s.seq.num_computed_tokens >= s.seq.num_prompt_tokens else "prefill")
+                for s in out.scheduled
+            ))
         return out
 
     def _adapter_ready(self, seq: Sequence) -> bool:
@@ -120,6 +131,14 @@ class Scheduler:
         in_use = (s.request.adapter.digest for s in self.running if s.request.adapter is not None)
         return self.lora.acquire(adapter, in_use)
 
+    def _emit_preemption(self, victim: Sequence, needy: Sequence, num_new: int, rule: str) -> None:
+        """Record why a sequence is about to be preempted: the allocation that failed and the victim rule."""
+        self.block_manager.events.emit(
+            Preempted, request_id=victim.request_id, seq_id=victim.seq_id, for_request_id=needy.request_id,
+            blocks_needed=self.block_manager.num_blocks_needed(needy, num_new),
+            blocks_free=self.block_manager.pool.num_free_blocks, rule=rule,
+        )
+
     def _count_prefix_query(self, seq: Sequence, num_cached_blocks: int) -> None:
         hit_tokens = num_cached_blocks * self.block_manager.block_size
         self.prefix_cache_queries += len(seq.token_ids)
@@ -127,21 +146,23 @@ class Scheduler:
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
             metrics.num_cached_tokens = hit_tokens
+        metrics.record_cache_hit(seq.num_prompt_tokens, hit_tokens)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free the sequence's blocks and queue it first in line; it is recomputed on readmission."""
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, "preempted")
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        seq.request.metrics.num_preemptions += 1
         out.preempted.append(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence, reason: str = "finished") -> None:
         """Take a finished or aborted sequence out of the queues and drop its block references."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, reason)

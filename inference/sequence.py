@@ -19,6 +19,9 @@ from inference.lora import LoRAAdapter
 from inference.sampling_params import SamplingParams
 
 
+PROMPT_PENDING, PROMPT_CACHED, PROMPT_COMPUTED, PROMPT_RECOMPUTED = range(4)
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -44,6 +47,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # The most tokens ever computed: computing below it again is recomputation after a preemption.
+    num_computed_high_water: int = 0
     # Hashes of this sequence's full blocks, in order (prefix caching); grows as blocks fill.
     block_hashes: list[int] = field(default_factory=list)
     # How many leading blocks of block_table are registered in the prefix cache.
@@ -101,6 +106,32 @@ class RequestMetrics:
     # mask removed from the candidates (see inference.structured_outputs).
     masked_tokens: dict[int, list[int]] = field(default_factory=dict)
     mask_vocab_size: int | None = None  # the vocabulary those counts are out of
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    # Where each prompt token's K/V came from (PROMPT_* codes below); see inference/receipt.py.
+    prompt_sources: bytearray = field(default_factory=bytearray)
+
+    def record_cache_hit(self, num_prompt_tokens: int, hit_tokens: int) -> None:
+        """At admission: the first `hit_tokens` prompt tokens come from the prefix cache (first time only)."""
+        if not self.prompt_sources:
+            self.prompt_sources = bytearray([PROMPT_PENDING]) * num_prompt_tokens
+        for t in range(min(hit_tokens, num_prompt_tokens)):  # a readmitted sequence may hit past its prompt
+            if self.prompt_sources[t] == PROMPT_PENDING:
+                self.prompt_sources[t] = PROMPT_CACHED
+
+    def record_computed(self, seq: Sequence, start: int, end: int) -> None:
+        """A step computed tokens [start, end) of `seq`: new, or recomputed below its high-water mark."""
+        high = seq.num_computed_high_water
+        self.num_recomputed_tokens += max(0, min(end, high) - start)
+        seq.num_computed_high_water = max(high, end)
+        if not self.prompt_sources:
+            self.prompt_sources = bytearray([PROMPT_PENDING]) * seq.num_prompt_tokens
+        for t in range(start, min(end, seq.num_prompt_tokens)):
+            source = self.prompt_sources[t]
+            if t < high or source in (PROMPT_CACHED, PROMPT_COMPUTED):
+                self.prompt_sources[t] = PROMPT_RECOMPUTED
+            elif source == PROMPT_PENDING:
+                self.prompt_sources[t] = PROMPT_COMPUTED
 
     @property
     def ttft(self) -> float | None:

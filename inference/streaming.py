@@ -28,8 +28,10 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
@@ -39,6 +41,8 @@ from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
 from inference.outputs import RequestOutput, StreamDelta
+
+T = TypeVar("T")
 from inference.sampling_params import SamplingParams
 from inference.sequence import Request
 
@@ -174,6 +178,17 @@ class StreamingEngine:
         self._commands.put(("reset", None, None))
         self._wakeup.set()
 
+    def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Run `fn(engine)` on the loop thread between steps (the only thread that may touch the engine);
+        the future holds its result or its exception."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise EngineDeadError(self._closed)
+            self._commands.put(("call", fn, future))
+        self._wakeup.set()
+        return future
+
     def health(self) -> EngineHealth:
         thread = self._thread
         alive = thread is not None and thread.is_alive() and self._closed is None
@@ -258,6 +273,11 @@ class StreamingEngine:
                     self._publish(output)
             elif kind == "reset":
                 self.engine.reset_prefix_cache()
+            elif kind == "call":
+                try:
+                    stream.set_result(payload(self.engine))
+                except Exception as exc:
+                    stream.set_exception(exc)
         if changed:
             self._refresh_metrics(force=True)
 
@@ -313,6 +333,8 @@ class StreamingEngine:
                 break
             if kind == "add":
                 _end_with_error(stream, message)
+            elif kind == "call":
+                stream.set_exception(EngineDeadError(message))
         try:
             self._fail_all(message)
         except Exception:

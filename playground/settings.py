@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "playground.accounts",
     "playground.api",
     "playground.demo",
+    "playground.lab",
     "playground.dashboard",
 ]
 
@@ -206,6 +207,12 @@ PLAYGROUND_ENGINE = {
 }
 
 # Streaming and liveness timings (seconds unless named _ms).
+# The lab's sandboxes (playground.serving.worker.lab_host): per worker, and closed after this long unused.
+PLAYGROUND_LAB = {
+    "idle_s": float(env_int("PLAYGROUND_LAB_IDLE_S", 900, minimum=10)),
+    "max_sessions": env_int("PLAYGROUND_LAB_MAX_SESSIONS", 4, minimum=0),
+}
+PLAYGROUND_LAB_REPLY_TIMEOUT_S = 30.0  # a lab page gets an error when its worker has not answered by then
 PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
 PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
 PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long

@@ -14,6 +14,7 @@ urlpatterns = [
     path("v1/", include("playground.api.urls")),
     path("account/", include("playground.accounts.urls")),
     path("demo/", include("playground.demo.urls")),
+    path("lab/", include("playground.lab.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]

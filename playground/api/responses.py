@@ -42,14 +42,19 @@ def completion_logprobs(entries: list[dict[str, Any]], top: int, offset: int = 0
     }
 
 
-def usage(done_usage: dict[str, int]) -> dict[str, Any]:
+def usage(done_usage: dict[str, int], receipt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `cache_receipt` (our extension, docs/api.md) says where the prompt's K/V came
+    from and where the time went."""
     prompt, completion = done_usage["prompt_tokens"], done_usage["completion_tokens"]
-    return {
+    figures = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": done_usage["cached_tokens"]},
     }
+    if receipt is not None:
+        figures["cache_receipt"] = receipt
+    return figures
 
 
 @dataclass
@@ -89,7 +94,7 @@ class Shape:
             choice["finish_reason"] = reason
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
-        body["usage"] = usage(done["usage"])
+        body["usage"] = usage(done["usage"], done.get("receipt"))
         return body
 
     # --- streaming chunks --------------------------------------------------------------------------
@@ -141,7 +146,7 @@ class Shape:
 
     def usage_chunk(self, done: dict[str, Any]) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(done["usage"])
+        body["usage"] = usage(done["usage"], done.get("receipt"))
         return body
 
 

@@ -111,8 +111,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"])
         except Exception:
             logger.exception("could not save the reply of %s", request_id)
+        # The cache receipt and the prompt's provenance segments are shown live, not stored.
+        live = {key: event[key] for key in ("receipt", "prompt_segments") if key in event}
         await self.send_json({"type": "done", "request_id": request_id, "conversation_id": str(conversation_id),
-                              "worker": event["worker"], **done})  # fmt: skip
+                              "worker": event["worker"], **done, **live})  # fmt: skip
 
     async def session_key(self) -> str:
         """The anonymous owner key; a socket without a session yet gets a fresh one."""

@@ -9,7 +9,6 @@ socket that started it gets its `done` with finish_reason "abort"), `{"type": "r
 `{"type": "error", "message"}`.
 """
 import asyncio
-import logging
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -22,7 +21,6 @@ from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 from . import feed
 from .views import is_staff
 
-logger = logging.getLogger(__name__)
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
 CLOSE_FORBIDDEN = CLOSE_CODES["forbidden"]
@@ -88,21 +86,12 @@ class MemoryConsumer(SnapshotFeed):
         self.renewals: asyncio.Task | None = None
         await super().connect()
         if self.allowed(self.scope.get("user")):
-            self.renewals = asyncio.create_task(self.renew_lease())
+            self.renewals = asyncio.create_task(feed.keep_watching(self.channel_layer))
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "renewals", None) is not None:
             self.renewals.cancel()
         await super().disconnect(code)
-
-    async def renew_lease(self) -> None:
-        """Keep the workers building full snapshots while this view is open."""
-        while True:
-            await asyncio.sleep(feed.WATCH_RENEW_S)
-            try:
-                await feed.renew(self.channel_layer)
-            except Exception:  # the layer is down: try again next round; the lease outlives two misses
-                logger.exception("could not renew the memory view's watch lease")
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -125,4 +114,16 @@ class MemoryConsumer(SnapshotFeed):
                 raise InvalidAction(f"worker {worker} is not alive")
             await feed.reset_prefix_cache(self.channel_layer, worker)
             return f"Prefix cache of {worker} reset."
-        raise InvalidAction("type must be 'abort' or 'reset_prefix_cache'")
+        if kind == "record":
+            action = frame.get("action")
+            if action not in ("start", "stop"):
+                raise InvalidAction("action must be 'start' or 'stop'")
+            if await registry.aget(worker) is None:
+                raise InvalidAction(f"worker {worker} is not alive")
+            await feed.record(self.channel_layer, worker, action)
+            return f"Recording of {worker}: {action} sent."
+        raise InvalidAction("type must be 'abort', 'reset_prefix_cache' or 'record'")
+
+    async def kv_recording(self, message: dict[str, Any]) -> None:
+        """A worker's recording started, stopped (ready to download) or failed."""
+        await self.send_json({**message, "type": "recording"})

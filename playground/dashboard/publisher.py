@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from channels.layers import get_channel_layer
+from django.core.cache import cache
 
 from . import feed, snapshot
 from .stats import LatencyStats, RequestTimes, ThroughputMeter
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 2.0
 SEND_TIMEOUT_S = 5.0
+ACTIONS = ("start", "stop")  # of a recording (feed.RECORD)
 
 
 class Publication(NamedTuple):
@@ -81,6 +83,31 @@ class SnapshotPublisher:
         elif kind == feed.RESET_PREFIX_CACHE and message.get("worker") == self.worker:
             self.service.reset_prefix_cache()
             self._refresh.set()
+        elif kind == feed.RECORD and message.get("worker") == self.worker and message.get("action") in ACTIONS:
+            # Off the event loop: the engine runs the call between two of its steps.
+            threading.Thread(target=self._record, args=(message["action"],), name="kv-record", daemon=True).start()
+
+    def _record(self, action: str) -> None:
+        """Start or stop the engine's recording; a stopped one goes to the cache for the memory view."""
+        answer: dict[str, Any] = {"type": feed.RECORDING, "worker": self.worker}
+        try:
+            if action == "start":
+                self.service.start_recording(feed.RECORDING_LIMIT)
+                answer.update(state="recording")
+            else:
+                recording = self.service.stop_recording()
+                if recording is not None:
+                    cache.set(feed.recording_key(self.worker), recording, timeout=feed.RECORDING_TTL_S)
+                events = len(recording["events"]) if recording else 0
+                answer.update(state="ready" if recording else "idle", events=events,
+                              truncated=bool(recording and recording["truncated"]))
+        except Exception as exc:
+            logger.exception("could not %s the recording", action)
+            answer.update(state="error", message=f"could not {action} the recording: {exc}")
+        try:
+            self.bridge.call(get_channel_layer().group_send(feed.KV_GROUP, answer), SEND_TIMEOUT_S)
+        except Exception:
+            logger.exception("could not announce the recording's state")
 
     def _loop(self) -> None:
         while not self._stopping.wait(self.interval_s):
@@ -112,7 +139,7 @@ class SnapshotPublisher:
         summary = snapshot.build_summary(self.worker, counters, tokens_per_s, self.latency.summary(), time.time())
         if now > self._watched_until or memory is None:
             return Publication(summary, None)
-        return Publication(summary, snapshot.with_block_map(summary, memory, metrics["block_size"]))
+        return Publication(summary, snapshot.with_block_map(summary, memory))
 
     def publish(self, publication: Publication) -> None:
         """Send the summary to the chat pages' group and the full snapshot, if any, to the memory view's."""

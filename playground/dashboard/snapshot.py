@@ -13,8 +13,10 @@ another step's tables, and never a KeyError between map refreshes. Shape on the 
      "metrics": the engine's metrics() without "block_map" and "sequences",
      "tokens_per_s": float, "latency": {"ttft_ms": {p50, p90, p99}, "itl_ms": {...}, "requests": int},
      "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
-     "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}],
-     "contiguous_reserved_blocks": int}
+     "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}]}
+
+`metrics["contiguous"]` is the engine's contiguous-allocation counterfactual under both named policies
+(inference/counterfactual.py): every view (memory, demo, lab) shows those figures and computes none.
 
 The block map is compact so that a GPU-sized pool (100k+ blocks) fits a channel-layer message: one state
 character per physical block (f free, u used by one sequence, s shared by several, c cached and evictable);
@@ -24,7 +26,6 @@ The chat page gets `build_summary()` alone: no block map and requests, which nam
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +48,6 @@ def encode_block_map(block_map: list[dict[str, Any]]) -> dict[str, Any]:
         if block["owners"]:
             owners[str(block_id)] = list(block["owners"])
     return {"states": "".join(states), "ref_counts": ref_counts, "owners": owners}
-
-
-def contiguous_reserved_blocks(requests: list[dict[str, Any]], block_size: int) -> int:
-    """Blocks the same sequences would pin if each pre-allocated its maximum length (no sharing)."""
-    return sum(math.ceil(r["max_len"] / block_size) for r in requests)
 
 
 @dataclass(frozen=True)
@@ -105,13 +101,12 @@ def build_summary(
     }
 
 
-def with_block_map(summary: dict[str, Any], memory: Memory, block_size: int) -> dict[str, Any]:
-    """The full snapshot: `summary` plus block map, block tables and the contiguous reservation, all of
-    one engine step (`memory`)."""
+def with_block_map(summary: dict[str, Any], memory: Memory) -> dict[str, Any]:
+    """The full snapshot: `summary` plus the block map and block tables, both of one engine step
+    (`memory`)."""
     return {
         **summary,
         "stamps": {**summary["stamps"], "block_map": memory.stamp},
         "block_map": encode_block_map(memory.block_map),
         "requests": memory.sequences,
-        "contiguous_reserved_blocks": contiguous_reserved_blocks(memory.sequences, block_size),
     }

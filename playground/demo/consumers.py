@@ -5,6 +5,7 @@ the dashboard's summary feed (group `kv.summary`: each worker's figures a few ti
 busy, nothing that names a request) for the memory charts. Starting and stopping a run is for presenters:
 staff, or anyone while anonymous chat is allowed (the embedded default).
 """
+import asyncio
 import math
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.conf import settings
 from playground.dashboard import feed
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
+from .blockview import demo_blocks
 from .runner import GROUP, RunSettings, runner
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
@@ -53,13 +55,19 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
         if not may_watch(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
+        self.renewals: asyncio.Task | None = None
         await self.channel_layer.group_add(GROUP, self.channel_name)
         await self.accept()
         await self.send_json({"type": "state", **runner.state()})
         await feed.watch(self.channel_layer, self.channel_name, feed.SUMMARY_GROUP, full=False)
+        # Full snapshots too, for the block map of the demo's own requests (demo_blocks filters them).
+        await feed.watch(self.channel_layer, self.channel_name, feed.KV_GROUP, full=True)
+        self.renewals = asyncio.create_task(feed.keep_watching(self.channel_layer))
 
     async def disconnect(self, code: int) -> None:
-        for group in (GROUP, feed.SUMMARY_GROUP):
+        if getattr(self, "renewals", None) is not None:
+            self.renewals.cancel()
+        for group in (GROUP, feed.SUMMARY_GROUP, feed.KV_GROUP):
             await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -80,6 +88,14 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
     async def demo_event(self, message: dict[str, Any]) -> None:
         await self.send_json({"type": "event", **message["event"]})
 
+    async def kv_recording(self, message: dict[str, Any]) -> None:
+        """Staff recordings of a worker (on the same group) are not the demo's business."""
+
     async def kv_snapshot(self, event: dict[str, Any]) -> None:
-        """A worker's summary snapshot (shape: playground/dashboard/snapshot.py), for the charts."""
-        await self.send_json(event["snapshot"])
+        """A worker's summary snapshot (shape: playground/dashboard/snapshot.py) for the charts; a full one
+        becomes the block map of the demo's own requests, nothing of anyone else's."""
+        snapshot = event["snapshot"]
+        if "block_map" in snapshot:
+            await self.send_json(demo_blocks(snapshot, runner.request_names()))
+        else:
+            await self.send_json(snapshot)

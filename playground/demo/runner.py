@@ -36,6 +36,7 @@ class SimUser:
     timing: dict[str, Any] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    request_id: str | None = None  # the engine's id of this user's request, once submitted
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class DemoRunner:
         salt = f"demo:{run.run_id}:{user.user}" if run.settings.cache_salt else None
         try:
             async with await lifecycle.admit() as generation:  # the presenter's simulated users: no limits
+                user.request_id = generation.request_id
                 await generation.start(Job(params=params, messages=messages, cache_salt=salt))
                 async for update in generation.updates():
                     text = "".join(c["text"] for c in update.chunks)
@@ -138,6 +140,11 @@ class DemoRunner:
         except GenerationFailed as exc:
             user.state, user.error = "error", str(exc)
             await self._broadcast({"kind": "user", "user": asdict(user)})
+
+    def request_names(self) -> dict[str, str]:
+        """Request id -> simulated user's name, for this run's submitted requests (the demo's block view)."""
+        users = self.run.users if self.run else []
+        return {u.request_id: u.name for u in users if u.request_id}
 
     async def _broadcast(self, event: dict[str, Any]) -> None:
         try:

@@ -19,7 +19,6 @@ def index(request: HttpRequest) -> HttpResponse:
         "can_present": may_present(request.user),
         "max_users": settings.PLAYGROUND_DEMO_MAX_USERS,
         "max_tokens": settings.PLAYGROUND_LIMITS["max_tokens"],
-        "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"],
         "cache_salt_mode": settings.PLAYGROUND_CACHE_SALT,
     }
     return render(request, "demo/index.html", {"demo_config": config})

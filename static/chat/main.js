@@ -265,7 +265,8 @@ function handleDone(msg) {
   stream.finish(msg);
   view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
     timing: stream.timing, gaps: stream.gaps, json: active.json,
-    masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [] });
+    masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
+    receipt: stream.receipt, promptSegments: stream.promptSegments });
   const turn = {
     role: "assistant",
     content: stream.texts[view.chosen],

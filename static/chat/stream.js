@@ -19,6 +19,8 @@ export class ReplyStream {
     this.done = false;
     this.usage = null;
     this.timing = null;
+    this.receipt = null;
+    this.promptSegments = null;
   }
 
   /** `started`: the server accepted the request under this id. */
@@ -43,7 +45,7 @@ export class ReplyStream {
   }
 
   /** `done`: the final texts replace the streamed ones; usage and timing become the reply's stats. */
-  finish({ outputs = [], usage = null, timing = null }) {
+  finish({ outputs = [], usage = null, timing = null, receipt = null, prompt_segments: promptSegments = null }) {
     for (const out of outputs) {
       const index = out.index ?? 0;
       if (index < 0 || index >= this.texts.length) continue;
@@ -52,6 +54,8 @@ export class ReplyStream {
     }
     this.usage = usage;
     this.timing = timing;
+    this.receipt = receipt;
+    this.promptSegments = promptSegments;
     this.done = true;
   }
 

@@ -134,7 +134,8 @@ export class ReplyView {
   }
 
   /** Show the final texts, finish reasons and stats of a finished stream (or a saved reply). */
-  finish({ texts, finishReasons, usage, timing, gaps = 0, json = false, masks = [] }) {
+  finish({ texts, finishReasons, usage, timing, gaps = 0, json = false, masks = [], receipt = null,
+           promptSegments = null }) {
     this.json = json;
     texts.forEach((t, i) => this.setText(i, t));
     masks.forEach((mask, i) => { if (mask && this.sampleEls[i]) this.sampleEls[i].append(maskView(mask)); });
@@ -162,8 +163,44 @@ export class ReplyView {
     if (finishReasons.length === 1 && finishReasons[0]) {
       items.push(stat("finish_reason", "finish", finishReasons[0]));
     }
+    if (receipt) items.push(this.receiptToggle(receipt, promptSegments));
     this.meta.replaceChildren(...items);
     if (gaps > 0) this.showNotice(`${gaps} streamed update(s) were lost in transit; the final text above is complete.`);
+  }
+
+  /** "Cache receipt": where the prompt's K/V came from (coloured by block) and where the time went. */
+  receiptToggle(receipt, segments) {
+    const details = el("details", "receipt");
+    details.append(el("summary", "", "cache receipt"));
+    const figures = el("div", "receipt-figures");
+    figures.append(
+      stat("receipt_cached", "cached", `${receipt.cached_tokens} tokens (${receipt.cached_blocks} blocks)`),
+      stat("receipt_recomputed", "recomputed", String(receipt.recomputed_tokens)),
+      stat("receipt_preemptions", "preemptions", String(receipt.preemptions)),
+      stat("receipt_queue", "queue", formatMs(receipt.queue_ms)),
+      stat("receipt_prefill", "prefill", formatMs(receipt.prefill_ms)),
+      stat("receipt_decode", "decode", formatMs(receipt.decode_ms)),
+      stat("receipt_ttft", "TTFT", formatMs(receipt.ttft_ms)),
+      stat("receipt_tpot", "TPOT", formatMs(receipt.tpot_ms)),
+    );
+    details.append(figures);
+    if (segments && segments.length) {
+      const prompt = el("pre", "provenance");
+      let block = -1;
+      for (const segment of segments) {
+        const piece = el("span", `prov prov-${segment.source}`, segment.text);
+        piece.dataset.source = segment.source;
+        piece.dataset.block = segment.block;
+        if (segment.block !== block) piece.classList.add("prov-block-start");
+        piece.title = `block ${segment.block}: ${segment.source}`;
+        block = segment.block;
+        prompt.append(piece);
+      }
+      details.append(el("p", "receipt-legend",
+        "The prompt as the engine saw it, one box per KV block: green came from the prefix cache, " +
+        "plain was computed, red was recomputed after a preemption."), prompt);
+    }
+    return details;
   }
 
   /** The generation failed: keep the partial text and say why. */

@@ -4,16 +4,17 @@
  * `chartValues()` is the one place that maps a snapshot onto the numbers the charts plot; `decodeBlockMap()`
  * expands the compact block map (one state character per physical block) into per-block records.
  *
- * Snapshot shape (built by playground/dashboard/snapshot.py; `/ws/kv/` sends it without block_map,
- * requests and contiguous_reserved_blocks):
+ * Snapshot shape (built by playground/dashboard/snapshot.py; `/ws/kv/` sends it without block_map and
+ * requests):
  *   {"type": "snapshot", "worker": str, "time": float (epoch seconds),
  *    "metrics": {num_blocks_total, num_blocks_used, num_blocks_free, num_blocks_cached, kv_cache_usage,
  *                kv_slot_utilization, num_requests_running, num_requests_waiting, num_preemptions_total,
- *                prefix_cache_queries_total, prefix_cache_hits_total, generation_tokens_total, block_size, ...},
+ *                prefix_cache_queries_total, prefix_cache_hits_total, generation_tokens_total, block_size,
+ *                contiguous: {max_model_len: {reserved_blocks, admitted, requests}, prompt_plus_max_tokens: {...}},
+ *                ...},
  *    "tokens_per_s": float,
  *    "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
- *    "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}],
- *    "contiguous_reserved_blocks": int}
+ *    "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}]}
  * Block states: f free, u used by one sequence, s shared by several, c cached and evictable. `requests` has
  * one entry per running sequence (sample `index` of a request with n > 1).
  */

@@ -12,6 +12,9 @@
 import { JsonSocket } from "../common/socket.js";
 import { chartValues } from "../common/snapshot.js";
 import { KvCharts, renderFigures } from "../common/kvcharts.js";
+import { POLICIES } from "../memory/reservation.js";
+import { BlockMap } from "../memory/blockmap.js";
+import { decodeBlockMap } from "../common/snapshot.js";
 
 const config = JSON.parse(document.getElementById("demo-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -83,19 +86,19 @@ function resetRun(state) {
   state.users.forEach(renderUser);
 }
 
-/** Paged memory actually held vs what a contiguous allocator would reserve: max_model_len per running request
- *  (the classic layout that cannot know how long a reply will get). */
+/** Paged memory actually held vs what a contiguous allocator would reserve for the same live requests, under
+ *  both policies the engine computes (metrics.contiguous; inference/counterfactual.py). */
 function renderBars(metrics) {
   const total = metrics.num_blocks_total || 1;
-  const blockSize = metrics.block_size || 16;
   const paged = metrics.num_blocks_used ?? 0;
-  const running = metrics.num_requests_running ?? 0;
-  const contiguous = running * Math.ceil(config.max_model_len / blockSize);
-  const scale = Math.max(total, contiguous, 1);
+  const reserved = Object.fromEntries(POLICIES.map((p) => [p, metrics.contiguous?.[p]?.reserved_blocks ?? 0]));
+  const scale = Math.max(total, paged, ...Object.values(reserved), 1);
   $("bar-paged").style.width = `${(100 * paged) / scale}%`;
-  $("bar-contiguous").style.width = `${(100 * contiguous) / scale}%`;
   $("label-paged").textContent = `${paged} blocks`;
-  $("label-contiguous").textContent = `${contiguous} blocks${contiguous > total ? " (more than the pool!)" : ""}`;
+  for (const [policy, blocks] of Object.entries(reserved)) {
+    $(`bar-${policy}`).style.width = `${(100 * blocks) / scale}%`;
+    $(`label-${policy}`).textContent = `${blocks} blocks${blocks > total ? " (more than the pool!)" : ""}`;
+  }
 }
 
 function onSnapshot(snapshot) {
@@ -126,12 +129,25 @@ function onSnapshot(snapshot) {
   memory.dataset.peakUsage = String(peak);
 }
 
+/** The block map of the demo's own requests (the server attributes everyone else's blocks to "others"). */
+let blockMap = null;
+function onBlocks(msg) {
+  if (msg.worker !== watchedWorker) return;
+  blockMap ??= new BlockMap($("demo-blockmap"), $("demo-tooltip"));
+  const counts = blockMap.update(decodeBlockMap(msg.block_map));
+  $("demo-blockmap-counts").textContent =
+    `${counts.used} used · ${counts.shared} shared · ${counts.cached} cached · ${counts.free} free, ` +
+    `${msg.requests.length} of the demo's sequences running`;
+}
+
 function onFrame(msg) {
   switch (msg.type) {
     case "state":
       return resetRun(msg);
     case "snapshot":
       return onSnapshot(msg);
+    case "blocks":
+      return onBlocks(msg);
     case "error":
       return showError(msg.message);
     case "event":

@@ -1,7 +1,8 @@
 /**
  * The admin memory view: one card per worker, side by side, fed by `/ws/memory/` snapshots
  * (shape in common/snapshot.js). Actions go back over the same socket:
- *   {"type": "abort", "worker", "request_id"} and {"type": "reset_prefix_cache", "worker"};
+ *   {"type": "abort", "worker", "request_id"}, {"type": "reset_prefix_cache", "worker"} and
+ *   {"type": "record", "worker", "action": "start" | "stop"} (answered by the worker with a `recording` frame);
  * the server reports failures as {"type": "error", "message"} and may confirm with {"type": "ack", "message"}.
  */
 
@@ -40,6 +41,7 @@ function cardFor(worker) {
       tooltip,
       onAbort: (w, requestId) => send({ type: "abort", worker: w, request_id: requestId }, "abort the request"),
       onReset: (w) => send({ type: "reset_prefix_cache", worker: w }, "reset the prefix cache"),
+      onRecord: (w, action) => send({ type: "record", worker: w, action }, `${action} the recording`),
     });
     cards.set(worker, card);
     const sorted = [...cards.keys()].sort();
@@ -53,6 +55,9 @@ function handleFrame(msg) {
   switch (msg.type) {
     case "snapshot":
       return cardFor(msg.worker ?? "worker").update(msg);
+    case "recording":
+      if (msg.state === "error") toast(msg.message, true);
+      return cardFor(msg.worker).recordingState(msg);
     case "ack":
       return toast(msg.message ?? "Done.");
     case "error":

@@ -19,15 +19,18 @@ export class WorkerCard {
   /**
    * @param {string} worker
    * @param {{template: HTMLTemplateElement, tooltip: HTMLElement,
-   *          onAbort: (worker: string, requestId: string) => void, onReset: (worker: string) => void}} deps
+   *          onAbort: (worker: string, requestId: string) => void, onReset: (worker: string) => void,
+   *          onRecord: (worker: string, action: "start" | "stop") => void}} deps
    */
-  constructor(worker, { template, tooltip, onAbort, onReset }) {
+  constructor(worker, { template, tooltip, onAbort, onReset, onRecord }) {
     this.worker = worker;
     this.el = template.content.firstElementChild.cloneNode(true);
     this.el.dataset.worker = worker;
     this.q = (selector) => this.el.querySelector(selector);
     this.q(".worker-name").textContent = worker;
     this.q(".reset-cache").addEventListener("click", () => onReset(worker));
+    this.q(".record").addEventListener("click", () =>
+      onRecord(worker, this.q(".record").dataset.recording === "recording" ? "stop" : "start"));
     this.blockMap = new BlockMap(this.q(".blockmap"), tooltip);
     this.requests = new RequestTable(this.q(".requests tbody"), this.q(".no-requests"), {
       onAbort: (requestId) => onAbort(worker, requestId),
@@ -60,7 +63,7 @@ export class WorkerCard {
     const blockSize = m.block_size ?? 16;
     renderReservation(this.q(".reservation"), {
       pagedBlocks: m.num_blocks_used ?? counts.used + counts.shared,
-      contiguousBlocks: snapshot.contiguous_reserved_blocks ?? 0,
+      contiguous: m.contiguous,
       totalBlocks: m.num_blocks_total ?? blocks.length,
       blockSize,
       tokensHeld: requests.reduce((sum, r) => sum + r.context_len, 0),
@@ -71,6 +74,20 @@ export class WorkerCard {
     this.charts ??= new KvCharts(this.q(".charts-grid"), ["memory", "requests", "preemptions", "throughput"],
       { height: 150, windowS: 300 });
     this.charts.push(values);
+  }
+
+  /** The worker's answer to Record / Stop: `recording`, `ready` (a download link), `idle` or `error`. */
+  recordingState({ state, events, truncated }) {
+    const button = this.q(".record");
+    button.dataset.recording = state;
+    button.textContent = state === "recording" ? "Stop recording" : "Record";
+    const link = this.q(".recording-link");
+    link.hidden = state !== "ready";
+    if (state === "ready") {
+      link.href = `/memory/recording/${encodeURIComponent(this.worker)}/`;
+      link.textContent = `Download recording (${events} events${truncated ? ", truncated" : ""})`;
+      link.title = "Replay it on the lab page: Import recording";
+    }
   }
 
   /** Refresh the "live / quiet for" badge; the page calls this every second. */

@@ -7,6 +7,7 @@ and returns the engine's real output types, so `EngineService.summarize` runs on
 import queue
 import threading
 import time
+from types import SimpleNamespace
 
 from inference import EngineDeadError, EngineHealth
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
@@ -31,6 +32,7 @@ class FakeStreamingEngine:
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
+        self.engine = SimpleNamespace(block_size=16)  # what the service reads of the real LLMEngine
         self.error: str | None = None
         self.last_step_at: float | None = None
 

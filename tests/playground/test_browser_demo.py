@@ -41,6 +41,10 @@ def test_eight_simulated_users_stream_and_memory_rises(server, page):
     )
     page.wait_for_function(f"() => Number(document.querySelector('{MEMORY_CHART}').dataset.peakUsage) > 0",
                            timeout=60_000)  # fmt: skip
+    # The block map of the demo's own requests fills while they run (full snapshots, filtered by the server).
+    page.wait_for_function("() => Number(document.getElementById('demo-blockmap').dataset.used) > 0",
+                           timeout=60_000)  # fmt: skip
+    assert "of the demo's sequences running" in page.inner_text("#demo-blockmap-counts")
     assert int(page.get_attribute(MEMORY_CHART, "data-points")) >= 2
     names = page.locator("#streams .stream-name").all_inner_texts()
     assert len(set(names)) == 8

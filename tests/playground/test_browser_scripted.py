@@ -77,6 +77,10 @@ def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: lis
             "kv_cache_usage": used / NUM_BLOCKS, "kv_slot_utilization": 0.75,
             "num_requests_running": len(tables), "num_requests_waiting": 1, "num_preemptions_total": 2,
             "prefix_cache_queries_total": 10, "prefix_cache_hits_total": 4, "generation_tokens_total": 100,
+            "contiguous": {  # as the engine computes it (inference/counterfactual.py), for tables' requests
+                "max_model_len": {"reserved_blocks": len(tables) * math.ceil(MAX_LEN / BLOCK_SIZE)},
+                "prompt_plus_max_tokens": {"reserved_blocks": len(tables) * 8},
+            },
         },  # fmt: skip
         "tokens_per_s": tokens_per_s,
         "block_map": {"states": states, "ref_counts": shared_ref_counts, "owners": owners},
@@ -85,13 +89,12 @@ def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: lis
              "max_len": MAX_LEN}
             for rid, table in tables.items()
         ],
-        "contiguous_reserved_blocks": len(tables) * math.ceil(MAX_LEN / BLOCK_SIZE),
     }
 
 
 def summary(full: dict) -> dict:
     """What the chat page's `/ws/kv/` feed carries: the snapshot without anything naming requests."""
-    return {k: v for k, v in full.items() if k not in ("block_map", "requests", "contiguous_reserved_blocks")}
+    return {k: v for k, v in full.items() if k not in ("block_map", "requests")}
 
 
 # Request "alpha" and "beta" share their first two blocks (a common prompt prefix); 7 and 8 are cached.
@@ -249,12 +252,16 @@ def test_charts_gain_points_and_contiguous_bar_shows_the_waste(page):
     assert reservation.locator('[data-label="paged"]').inner_text() == (
         "5 blocks · 15.6% of the pool · 25.0% of its slots empty"
     )
-    assert reservation.locator('[data-label="contiguous"]').inner_text() == (
+    assert reservation.locator('[data-label="max_model_len"]').inner_text() == (
         "32 blocks · 100.0% of the pool · 85.0% of it empty"
     )
-    assert "6.4× less" in reservation.locator('[data-label="saving"]').inner_text()
+    # prompt + max_tokens: 8 blocks (128 slots) for the one request's 77 tokens, 39.8% of it empty.
+    assert reservation.locator('[data-label="prompt_plus_max_tokens"]').inner_text() == (
+        "8 blocks · 25.0% of the pool · 39.8% of it empty"
+    )
+    assert "1.6× less" in reservation.locator('[data-label="saving"]').inner_text()
     deliver(page, snapshot("w1", 1002.0, TABLES, CACHED, 70.0))  # two requests: 64 blocks, twice the pool
-    assert "would not fit" in reservation.locator('[data-label="contiguous"]').inner_text()
+    assert "would not fit" in reservation.locator('[data-label="max_model_len"]').inner_text()
     assert "overflow" in reservation.get_attribute("class")
 
 

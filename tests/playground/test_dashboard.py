@@ -48,7 +48,7 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         "latency": {"requests": 0},
     }
     assert summary == expected_summary
-    snap = snapshot.with_block_map(summary, memory, BLOCK_SIZE)
+    snap = snapshot.with_block_map(summary, memory)
     assert snap == {
         **expected_summary,
         "stamps": {"counters": 1, "block_map": 1},
@@ -61,7 +61,6 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
             {"request_id": "a", "index": 0, "block_table": [0, 1, 2], "context_len": 40, "max_len": 135},
             {"request_id": "a", "index": 1, "block_table": [0, 1, 5], "context_len": 40, "max_len": 135},
         ],
-        "contiguous_reserved_blocks": 2 * 9,  # two samples, each ceil(135 / 16) blocks reserved up front
     }
 
 
@@ -260,7 +259,7 @@ def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_leas
         assert connected
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH, "watch": True}
         counters, memory = snapshot.KvSampler().sample(METRICS)
-        full = snapshot.with_block_map(snapshot.build_summary("w1", counters, 1.0, {}, 1.0), memory, BLOCK_SIZE)
+        full = snapshot.with_block_map(snapshot.build_summary("w1", counters, 1.0, {}, 1.0), memory)
         await layer.group_send(feed.KV_GROUP, {"type": feed.SNAPSHOT, "snapshot": full})
         assert await ws.receive_json_from(timeout=5) == full
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.WATCH}
@@ -288,10 +287,15 @@ def test_memory_socket_actions_reach_the_workers(staff):
         await ws.send_json_to({"type": "reset_prefix_cache", "worker": "w1"})
         assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RESET_PREFIX_CACHE, "worker": "w1"}
+        await ws.send_json_to({"type": "record", "worker": "w1", "action": "start"})
+        assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RECORD, "worker": "w1",
+                                                                     "action": "start"}
 
         for bad, message in [
+            ({"type": "record", "worker": "w1", "action": "rewind"}, "action must be 'start' or 'stop'"),
             ({"type": "abort", "worker": "w1"}, "request_id must be a non-empty string"),
-            ({"type": "explode", "worker": "w1"}, "type must be 'abort' or 'reset_prefix_cache'"),
+            ({"type": "explode", "worker": "w1"}, "type must be 'abort', 'reset_prefix_cache' or 'record'"),
             ([1, 2], "frame must be a JSON object"),
         ]:
             await ws.send_json_to(bad)

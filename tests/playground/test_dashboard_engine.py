@@ -118,9 +118,11 @@ def check(snapshot: dict, engine: LLMEngine) -> set[str]:
         assert entry["block_table"] == seq.block_table
         assert entry["context_len"] == seq.num_computed_tokens
         assert len(entry["block_table"]) == math.ceil(entry["context_len"] / BLOCK_SIZE)
-    assert snapshot["contiguous_reserved_blocks"] == sum(
-        math.ceil(r["max_len"] / BLOCK_SIZE) for r in snapshot["requests"]
-    )
+    # The contiguous counterfactual: every live sequence reserving its prompt + max_tokens up front.
+    reserve = {r.request_id: (len(r.seqs) if r.forked else r.params.n) * math.ceil(
+        min(len(r.prompt_token_ids) + r.params.max_tokens, engine.max_model_len) / BLOCK_SIZE)
+        for r in engine.requests.values()}
+    assert snapshot["metrics"]["contiguous"]["prompt_plus_max_tokens"]["reserved_blocks"] == sum(reserve.values())
     figures = engine.metrics(block_map=False)
     assert snapshot["metrics"] == figures
     return set(snapshot["block_map"]["states"])

@@ -1,13 +1,27 @@
 """Names shared by the web side and the workers: queues, channel-layer groups, the task."""
+import re
 
 GPU_QUEUE = "gpu"
 CONTROL_GROUP = "gpu.control"  # every worker listens here for aborts
 TASK_NAME = "serving.generate"
+# What a lab page may ask of its sandbox (playground.lab relays them; the worker's lab_host runs them).
+LAB_COMMANDS = ("open", "add", "step", "abort", "answer", "recording", "close")
 
 
 def worker_queue(worker_name: str) -> str:
     """The private queue of one worker: follow-up turns routed here find the history in its prefix cache."""
     return f"{GPU_QUEUE}.{worker_name}"
+
+
+def lab_worker_group(worker_name: str) -> str:
+    """The group on which one worker receives the commands of the labs it hosts (worker names such as
+    "embedded@host" hold characters a group name may not)."""
+    return "lab.worker." + re.sub(r"[^A-Za-z0-9_.-]", "-", worker_name)
+
+
+def lab_group(lab_id: str) -> str:
+    """The group a lab page's consumer joins; the hosting worker sends the lab's replies there."""
+    return f"lab.{lab_id}"
 
 
 def request_group(request_id: str) -> str:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+RECORDING_CALL_TIMEOUT_S = 30.0  # the engine loop runs the call between two steps
+
+
 class EngineUnavailable(RuntimeError):
     """The engine failed to load or is shut down; requests cannot be served."""
 
@@ -108,10 +111,11 @@ class EngineService:
         Raises EngineUnavailable if the engine failed the request."""
         if stream.error is not None or stream.final is None:
             raise EngineUnavailable(stream.error or "the request ended without a result")
-        return summarize(stream.final, self._decode_token)
+        engine = self.wait_ready(0)
+        return summarize(stream.final, self._decode, engine.engine.block_size)
 
-    def _decode_token(self, token_id: int) -> str:
-        return self.wait_ready(0).tokenizer.decode([token_id])
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.wait_ready(0).tokenizer.decode(token_ids)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (thread-safe); its blocks are freed at the engine loop's next turn."""
@@ -123,6 +127,15 @@ class EngineService:
         if self._engine is not None:
             self._engine.reset_prefix_cache()
 
+    def start_recording(self, limit: int) -> None:
+        """Record the engine's events from now on (inference.events; a live replay starts from this pool)."""
+        self.wait_ready(0).call(lambda engine: engine.start_recording(limit)).result(RECORDING_CALL_TIMEOUT_S)
+
+    def stop_recording(self) -> dict[str, Any] | None:
+        """The recording as JSON-ready data, or None when none was running."""
+        recording = self.wait_ready(0).call(lambda engine: engine.stop_recording()).result(RECORDING_CALL_TIMEOUT_S)
+        return None if recording is None else recording.to_dict()
+
     def metrics(self, block_map: bool = False) -> dict[str, Any]:
         """The engine's latest figures ({} while loading); the block map only when asked (it is large)."""
         if self._engine is None:
@@ -131,16 +144,20 @@ class EngineService:
         return figures if block_map else {k: v for k, v in figures.items() if k not in ("block_map", "sequences")}
 
 
-def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
+def summarize(
+    final: RequestOutput, decode: Callable[[list[int]], str] | None = None, block_size: int | None = None
+) -> dict[str, Any]:
     """Outputs, usage and timing of a finished request, as the `done` event carries them. Outputs that
-    carry logprobs (the request asked for them) get them with token texts from `decode(token id)`; outputs
+    carry logprobs (the request asked for them) get them with token texts from `decode(token ids)`; outputs
     of a grammar-constrained request get `grammar_mask`: per generated token, how many of the vocabulary's
-    tokens the mask removed."""
+    tokens the mask removed. With the engine's `block_size`, the cache receipt too (inference/receipt.py),
+    and the prompt cut into text segments by block and by where its K/V came from, for the chat page's
+    provenance view."""
     metrics = final.metrics
     completion_tokens = sum(len(o.token_ids) for o in final.outputs)
     ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
     elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
-    return {
+    done = {
         "outputs": [_output(o, decode, metrics) for o in final.outputs],
         "usage": {
             "prompt_tokens": len(final.prompt_token_ids),
@@ -152,12 +169,36 @@ def summarize(final: RequestOutput, decode: Callable[[int], str] | None = None) 
             "tokens_per_s": round(completion_tokens / elapsed, 2) if elapsed > 0 else None,
         },
     }
+    if block_size is not None:
+        from inference.receipt import cache_receipt
+
+        receipt = cache_receipt(metrics, block_size, completion_tokens)
+        done["receipt"] = receipt.to_dict()
+        if decode is not None:
+            done["prompt_segments"] = prompt_segments(final.prompt_token_ids, receipt.provenance, block_size, decode)
+    return done
 
 
-def _output(output: Any, decode: Callable[[int], str] | None, metrics: Any) -> dict[str, Any]:
+def prompt_segments(
+    token_ids: list[int], provenance: list[list], block_size: int, decode: Callable[[list[int]], str]
+) -> list[dict[str, Any]]:
+    """The prompt's text in pieces that each lie in one block and share one source (cached / computed /
+    recomputed): what the chat page colours, with block boundaries."""
+    segments = []
+    for start, end, source in provenance:
+        cut = start
+        while cut < end:
+            block = cut // block_size
+            stop = min(end, (block + 1) * block_size)
+            segments.append({"text": decode(token_ids[cut:stop]), "source": source, "block": block})
+            cut = stop
+    return segments
+
+
+def _output(output: Any, decode: Callable[[list[int]], str] | None, metrics: Any) -> dict[str, Any]:
     summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason}
     if output.logprobs is not None and decode is not None:
-        summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, decode)
+        summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, lambda t: decode([t]))
     if output.index in metrics.masked_tokens:
         summary["grammar_mask"] = {"removed": metrics.masked_tokens[output.index],
                                    "vocab_size": metrics.mask_vocab_size}

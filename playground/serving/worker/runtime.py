@@ -35,6 +35,7 @@ from ..shared import registry
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
+from .lab_host import LabHost
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, request_group, worker_queue
 from ..shared.retry import once_more
 
@@ -59,6 +60,7 @@ class WorkerRuntime:
         self._abort_listener: Future | None = None
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
         self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
+        self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -67,6 +69,7 @@ class WorkerRuntime:
         threading.Thread(target=self._heartbeat_loop, name="worker-heartbeat", daemon=True).start()
         self._abort_listener = self.bridge.submit(self._listen_for_aborts())
         self.publisher.start()
+        self.labs.start()
 
     def _load(self) -> None:
         """Load the engine, then freeze the heap: the model's, Django's and the modules' objects live as long
@@ -79,6 +82,7 @@ class WorkerRuntime:
     def stop(self) -> None:
         self._stopping.set()
         self.publisher.stop()
+        self.labs.stop()
         if self._abort_listener is not None:
             self._abort_listener.cancel()
         try:
@@ -103,6 +107,7 @@ class WorkerRuntime:
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
             "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
+            "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
         }
 
     def _heartbeat_loop(self) -> None:
