@@ -54,7 +54,8 @@ class EngineArgs:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every running decode fits a step")
         if self.attention_backend not in kernels.BACKENDS:
-            raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
+            raise ValueError("attention_backend must be None, 'auto', 'triton', 'cpu' or 'torch', "
+                             f"got {self.attention_backend!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
 
