@@ -70,7 +70,8 @@ class EngineArgs:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every running decode fits a step")
         if self.attention_backend not in kernels.BACKENDS:
-            raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
+            raise ValueError("attention_backend must be None, 'auto', 'triton', 'cpu' or 'torch', "
+                             f"got {self.attention_backend!r}")
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:

@@ -1,38 +1,45 @@
 """Paged-attention ops with a backend chosen by device.
 
 ``kernels.<op>(...)`` runs the Triton kernel (``kernels.triton_kernels``) when its tensors live on CUDA and the
-pure-torch reference (``kernels.reference``) otherwise. ``get_backend`` lets the engine force one backend:
-``"triton"`` also works on CPU tensors when ``TRITON_INTERPRET=1`` is set before triton is imported.
-Triton is imported lazily, so ``import kernels`` works where triton is not installed.
+C++ CPU kernels (``kernels.cpu_kernels``) otherwise, or the pure-torch reference (``kernels.reference``, the
+oracle every backend is tested against) where the C++ kernels cannot be built. ``get_backend`` lets the
+engine force one backend: ``"triton"`` also works on CPU tensors when ``TRITON_INTERPRET=1`` is set before
+triton is imported. Triton is imported lazily, so ``import kernels`` works where triton is not installed.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from kernels import reference
+from kernels import cpu_kernels, reference
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
            "get_backend", "BACKENDS"]
 
-BACKENDS = (None, "auto", "triton", "torch")
+BACKENDS = (None, "auto", "triton", "cpu", "torch")
 
 
 def get_backend(name: str | None, device: torch.device | str) -> ModuleType:
-    """The module implementing the ops for ``name`` (None/"auto", "triton" or "torch") on ``device``.
+    """The module implementing the ops for ``name`` (None/"auto", "triton", "cpu" or "torch") on ``device``.
 
-    "auto" picks Triton on CUDA and the torch reference elsewhere. Raises ValueError for an unknown name and
-    for "triton" on a non-CUDA device without ``TRITON_INTERPRET=1`` (Triton could not run there).
+    "auto" picks Triton on CUDA; on the CPU the C++ kernels, or the torch reference with a warning saying why
+    when they cannot be built (no compiler, say). Raises ValueError for an unknown name, for "cpu" off the CPU
+    or when it cannot be built, and for "triton" on a non-CUDA device without ``TRITON_INTERPRET=1``.
     """
     if name not in BACKENDS:
-        raise ValueError(f"attention backend must be one of None, 'auto', 'triton', 'torch'; got {name!r}")
+        raise ValueError(f"attention backend must be one of None, 'auto', 'triton', 'cpu', 'torch'; got {name!r}")
     device = torch.device(device)
-    if name == "torch" or (name in (None, "auto") and device.type != "cuda"):
+    if name == "torch":
+        return reference
+    if name == "cpu" or (name in (None, "auto") and device.type == "cpu"):
+        return _cpu(device, required=name == "cpu")
+    if name in (None, "auto") and device.type != "cuda":
         return reference
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"the triton backend needs a CUDA device or TRITON_INTERPRET=1 (device is {device})")
@@ -46,8 +53,22 @@ def _triton() -> ModuleType:
         raise ValueError(f"the triton backend is unavailable: {exc}") from exc
 
 
+def _cpu(device: torch.device, required: bool) -> ModuleType:
+    if device.type != "cpu":
+        raise ValueError(f"the cpu backend runs on the CPU only (device is {device})")
+    if cpu_kernels.available():
+        return cpu_kernels
+    if required:
+        raise ValueError(f"the cpu backend is unavailable: {cpu_kernels.unavailable_reason()}")
+    warnings.warn(f"C++ CPU kernels unavailable, using the (slower) torch reference: "
+                  f"{cpu_kernels.unavailable_reason()}", RuntimeWarning, stacklevel=3)
+    return reference
+
+
 def _for(tensor: Tensor) -> ModuleType:
-    return _triton() if tensor.is_cuda else reference
+    if tensor.is_cuda:
+        return _triton()
+    return cpu_kernels if tensor.device.type == "cpu" and cpu_kernels.available() else reference
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,

@@ -1,4 +1,5 @@
-"""Paged decode and prefill attention: Triton (interpreted on CPU) vs the torch reference vs float64 dense."""
+"""Paged decode and prefill attention: Triton (interpreted on CPU) and the C++ CPU kernels vs the torch reference
+vs float64 dense."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from kernel_cases import PagedCase, assert_close_to, build_case, dense_attention, poisoned_like
-from kernels import reference
+from kernels import cpu_kernels, reference
 
 HEADS = {1: (2, 2), 3: (6, 2), 8: (8, 1)}  # GQA ratio -> (query heads, kv heads)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -19,6 +20,28 @@ FAST = [(16, 3, 64, "fp32"), (8, 1, 128, "fp16"), (32, 8, 64, "bf16")]
 SWEEP = [c for c in itertools.product([8, 16, 32], [1, 3, 8], [64, 128], DTYPES) if c not in FAST]
 MATRIX = [pytest.param(*c, id="-".join(map(str, c))) for c in FAST] + [
     pytest.param(*c, id="-".join(map(str, c)), marks=pytest.mark.slow) for c in SWEEP]
+
+
+@pytest.fixture(params=["triton", "cpu"])
+def ops(request, device) -> ModuleType:
+    """Each fast backend in turn: Triton, and the C++ CPU kernels (on CPU tensors only)."""
+    return backend_module(request, device, request.param)
+
+
+def backend_module(request, device: torch.device, name: str) -> ModuleType:
+    """The module for backend ``name`` ("torch", "triton" or "cpu") on this run's device, or a skip saying why."""
+    if name == "torch":
+        return reference
+    if name == "triton":
+        return request.getfixturevalue("triton_ops")
+    if device.type != "cpu":
+        pytest.skip("the cpu backend takes CPU tensors; this run's tensors are on CUDA")
+    if not cpu_kernels.available():
+        reason = cpu_kernels.unavailable_reason()
+        if reason.startswith("no C++ compiler"):
+            pytest.skip(reason)
+        pytest.fail(reason)
+    return cpu_kernels
 
 
 def context_lengths(block_size: int) -> list[int]:
@@ -51,30 +74,30 @@ def run_prefill(ops: ModuleType, case: PagedCase) -> torch.Tensor:
     return out
 
 
-def check_both(case: PagedCase, triton_out: torch.Tensor, reference_out: torch.Tensor) -> None:
+def check_both(case: PagedCase, kernel_out: torch.Tensor, reference_out: torch.Tensor) -> None:
     dtype = case.query.dtype
     expected = dense_attention(case)
     assert_close_to(reference_out, expected, dtype)
-    assert_close_to(triton_out, expected, dtype)
-    assert_close_to(triton_out, reference_out, dtype)
+    assert_close_to(kernel_out, expected, dtype)
+    assert_close_to(kernel_out, reference_out, dtype)
 
 
 @pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX)
-def test_decode_matches_reference_and_dense(triton_ops, device, block_size, ratio, head_dim, dtype):
+def test_decode_matches_reference_and_dense(ops, device, block_size, ratio, head_dim, dtype):
     # A padded batch row with nothing cached yet must come out as zeros, not NaN.
     case = make_case(block_size, ratio, head_dim, dtype, None, device, [0] + context_lengths(block_size))
-    check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
+    check_both(case, run_decode(ops, case), run_decode(reference, case))
 
 
 @pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX)
-def test_prefill_matches_reference_and_dense(triton_ops, device, block_size, ratio, head_dim, dtype):
+def test_prefill_matches_reference_and_dense(ops, device, block_size, ratio, head_dim, dtype):
     # Per sequence: a decode step, a whole prompt, an extend after a prefix-cache hit, a prompt one past a
     # block, a chunk after an earlier chunk (long enough to span several query tiles), and one with no new
     # tokens this step.
     contexts = context_lengths(block_size) + [5]
     query_lens = [1, block_size - 1, 3, block_size + 1, 2 * block_size + 3, 0]
     case = make_case(block_size, ratio, head_dim, dtype, query_lens, device, contexts)
-    check_both(case, run_prefill(triton_ops, case), run_prefill(reference, case))
+    check_both(case, run_prefill(ops, case), run_prefill(reference, case))
 
 
 def test_decode_split_partitions_merge(triton_ops, device, monkeypatch):
@@ -85,29 +108,29 @@ def test_decode_split_partitions_merge(triton_ops, device, monkeypatch):
     check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
 
 
-def test_decode_long_context_default_partitions(triton_ops, device):
+def test_decode_long_context_default_partitions(ops, device):
     case = make_case(16, 8, 64, "fp16", None, device, [1100, 7])
-    check_both(case, run_decode(triton_ops, case), run_decode(reference, case))
+    check_both(case, run_decode(ops, case), run_decode(reference, case))
 
 
-def test_head_dim_that_is_not_a_power_of_two(triton_ops, device):
+def test_head_dim_that_is_not_a_power_of_two(ops, device):
     """head_dim 80 is padded to 128 inside the kernels; the padding must not leak into scores or outputs."""
     decode = make_case(16, 3, 80, "fp32", None, device)
-    check_both(decode, run_decode(triton_ops, decode), run_decode(reference, decode))
+    check_both(decode, run_decode(ops, decode), run_decode(reference, decode))
     prefill = make_case(16, 3, 80, "fp32", [1, 15, 16, 9, 30], device)
-    check_both(prefill, run_prefill(triton_ops, prefill), run_prefill(reference, prefill))
+    check_both(prefill, run_prefill(ops, prefill), run_prefill(reference, prefill))
 
 
-def test_prefill_single_token_rows_equal_decode(triton_ops, device):
+def test_prefill_single_token_rows_equal_decode(ops, device):
     """q_len 1 everywhere: the prefill kernel must agree with the decode kernel on the same batch."""
     case = make_case(16, 3, 64, "fp32", None, device)
-    assert_close_to(run_prefill(triton_ops, case), run_decode(triton_ops, case), torch.float32)
+    assert_close_to(run_prefill(ops, case), run_decode(ops, case), torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_strided_query_view(triton_ops, device, backend):
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+def test_strided_query_view(request, device, backend):
     """The engine hands in query as a view of a fused QKV projection; strides must be honoured."""
-    ops = triton_ops if backend == "triton" else reference
+    ops = backend_module(request, device, backend)
     case = make_case(8, 3, 64, "fp32", [1, 7, 1, 9, 20], device)
     tokens, heads, dim = case.query.shape
     fused = torch.randn(tokens, heads * dim + 2 * dim, dtype=case.query.dtype, device=device)
@@ -117,9 +140,9 @@ def test_strided_query_view(triton_ops, device, backend):
     assert_close_to(run_prefill(ops, case), dense_attention(case), torch.float32)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_bad_shapes_are_rejected(triton_ops, device, backend):
-    ops = triton_ops if backend == "triton" else reference
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+def test_bad_shapes_are_rejected(request, device, backend):
+    ops = backend_module(request, device, backend)
     case = make_case(8, 3, 64, "fp32", None, device)
     with pytest.raises(ValueError, match="query"):
         ops.paged_attention_decode(case.query[:, :5], case.key_cache, case.value_cache, case.block_tables,
@@ -135,9 +158,9 @@ def test_bad_shapes_are_rejected(triton_ops, device, backend):
                                    case.context_lens, case.scale, out=case.query[:2])
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_empty_batch_gives_empty_output(triton_ops, device, backend):
-    ops = triton_ops if backend == "triton" else reference
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+def test_empty_batch_gives_empty_output(request, device, backend):
+    ops = backend_module(request, device, backend)
     cache = torch.zeros(2, 8, 1, 64, device=device)
     query = torch.zeros(0, 2, 64, device=device)
     tables = torch.zeros(0, 3, dtype=torch.int32, device=device)

@@ -12,15 +12,42 @@ import torch
 
 import kernels
 from kernel_cases import assert_close_to, build_case, dense_attention
-from kernels import reference
+from kernels import cpu_kernels, reference
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_auto_and_torch_pick_the_reference_on_cpu():
-    assert kernels.get_backend(None, "cpu") is reference
-    assert kernels.get_backend("auto", torch.device("cpu")) is reference
+def test_auto_picks_the_cpu_kernels_on_cpu_and_torch_the_reference():
+    assert cpu_kernels.available(), cpu_kernels.unavailable_reason()
+    assert kernels.get_backend(None, "cpu") is cpu_kernels
+    assert kernels.get_backend("auto", torch.device("cpu")) is cpu_kernels
+    assert kernels.get_backend("cpu", "cpu") is cpu_kernels
     assert kernels.get_backend("torch", "cpu") is reference
+
+
+def test_cpu_backend_off_the_cpu_is_refused():
+    with pytest.raises(ValueError, match="CPU only"):
+        kernels.get_backend("cpu", "cuda")
+
+
+def test_without_a_compiler_auto_falls_back_to_the_reference_with_a_warning(tmp_path):
+    """No compiler (and no cached build): "auto" warns and serves the reference, "cpu" refuses, saying why."""
+    script = (
+        "import warnings, kernels\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    assert kernels.get_backend(None, 'cpu') is kernels.reference\n"
+        "print('warned:', caught[0].message)\n"
+        "try:\n"
+        "    kernels.get_backend('cpu', 'cpu')\n"
+        "except ValueError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CXX": "no-such-compiler", "PAGED_PLAYGROUND_CACHE": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "warned: C++ CPU kernels unavailable, using the (slower) torch reference: no C++ compiler" in result.stdout
+    assert "refused: the cpu backend is unavailable: no C++ compiler ('no-such-compiler'" in result.stdout
 
 
 def test_triton_on_cpu_under_the_interpreter(triton_ops):
@@ -40,7 +67,7 @@ def test_unknown_backend_is_refused():
 
 
 def test_top_level_ops_dispatch_by_device(device):
-    """``kernels.<op>`` on this device's tensors gives the right answer (reference on CPU, Triton on CUDA)."""
+    """``kernels.<op>`` on this device's tensors gives the right answer (C++ kernels on CPU, Triton on CUDA)."""
     case = build_case(block_size=8, num_heads=6, kv_heads=2, head_dim=64, dtype=torch.float32,
                       context_lens=[3, 12], query_lens=[3, 4], seed=7, device=device)
     out = kernels.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
@@ -57,7 +84,7 @@ def test_import_without_triton_still_serves_the_reference():
     script = (
         "import sys; sys.modules['triton'] = None\n"
         "import kernels\n"
-        "assert kernels.get_backend(None, 'cpu') is kernels.reference\n"
+        "assert kernels.get_backend('torch', 'cpu') is kernels.reference\n"
         "try:\n"
         "    kernels.get_backend('triton', 'cuda')\n"
         "except ValueError as exc:\n"

@@ -1,0 +1,148 @@
+"""C++ paged-attention kernels for the CPU: same signatures and semantics as ``kernels.reference``.
+
+Attention reads K/V in place through the block tables with an online softmax in float32
+(``kernels/csrc/paged_attention_cpu.cpp``): one routine for decode and prefill, threads over
+(sequence, KV head, query tile). Float32, bfloat16 and float16 run in C++; other dtypes (float64) take the
+reference. ``reshape_and_cache`` and ``copy_blocks`` are the reference's: they are single ``index_copy_``
+passes already, with nothing to gain in C++.
+
+The extension is compiled with ``torch.utils.cpp_extension`` on first use (about a minute) into
+``$PAGED_PLAYGROUND_CACHE/kernels`` (default ``~/.cache/paged-playground/kernels``), one folder per torch
+version and instruction set, and loaded from there after. ``available()`` says whether it could be built;
+``unavailable_reason()`` says why not (no compiler, a failed build), so callers can fall back with a clear
+message instead of an import error.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from kernels import reference, validation
+
+__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
+           "available", "unavailable_reason"]
+
+reshape_and_cache = reference.reshape_and_cache
+copy_blocks = reference.copy_blocks
+
+_SOURCE = Path(__file__).with_name("csrc") / "paged_attention_cpu.cpp"
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+    """See ``kernels.reference.paged_attention_decode``: a prefill where every sequence has one new token."""
+    num_seqs = query.shape[0]
+    validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
+    if query.dtype not in _NATIVE_DTYPES:
+        return reference.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
+                                                out=out)
+    out = validation.output_for(query, out)
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
+    return out
+
+
+def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+                            context_lens: Tensor, query_start_loc: Tensor, scale: float,
+                            out: Tensor | None = None) -> Tensor:
+    """See ``kernels.reference.paged_attention_prefill`` (same checks, same errors)."""
+    num_seqs = block_tables.shape[0]
+    validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
+    validation.check_query_start_loc(query_start_loc, num_seqs)
+    if query.dtype not in _NATIVE_DTYPES:
+        return reference.paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
+                                                 query_start_loc, scale, out=out)
+    starts = query_start_loc.to(torch.int32)
+    q_lens = starts[1:] - starts[:-1]
+    if bool((q_lens < 0).any()) or int(starts[-1]) != query.shape[0] or bool((q_lens > context_lens).any()):
+        raise ValueError("query_start_loc must be non-decreasing, end at num_tokens, and give each sequence "
+                         "at most context_lens[s] new tokens")
+    out = validation.output_for(query, out)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
+    return out
+
+
+def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
+         context_lens: Tensor, query_start_loc: Tensor, scale: float) -> None:
+    """Hand contiguous-last-dim tensors of the right index dtypes to the C++ routine."""
+    if query.device.type != "cpu":
+        raise ValueError(f"the cpu backend needs CPU tensors, got {query.device}")
+    if query.shape[0] == 0:
+        return
+    context_lens = context_lens.to(torch.int32)
+    blocks_used = -(-context_lens.long() // key_cache.shape[1])
+    if block_tables.shape[1] < int(blocks_used.max()):
+        raise ValueError(f"block_tables has {block_tables.shape[1]} columns but a context needs "
+                         f"{int(blocks_used.max())} blocks")
+    key_cache, value_cache = (c if c.stride(-1) == 1 else c.contiguous() for c in (key_cache, value_cache))
+    if value_cache.dtype != query.dtype or key_cache.dtype != query.dtype:
+        raise ValueError(f"query and caches must share a dtype, got {query.dtype}, {key_cache.dtype}")
+    query = query if query.stride(-1) == 1 else query.contiguous()
+    extension().paged_attention(out, query, key_cache, value_cache, block_tables.to(torch.int32).contiguous(),
+                                context_lens.contiguous(), query_start_loc.contiguous(), float(scale))
+
+
+def cache_root() -> Path:
+    """Where built extensions live: $PAGED_PLAYGROUND_CACHE/kernels, else ~/.cache/paged-playground/kernels."""
+    root = os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground"
+    return Path(root) / "kernels"
+
+
+def isa_flags() -> list[str]:
+    """Vector flags for what this CPU reports (never -march=native: some VMs report AMX they do not enable)."""
+    try:
+        cpu_flags = set(Path("/proc/cpuinfo").read_text().split("\n\n")[0].split())
+    except OSError:
+        cpu_flags = set()
+    flags = []
+    if {"avx2", "fma"} <= cpu_flags:
+        flags += ["-mavx2", "-mfma", "-mf16c"]
+    if {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags:
+        flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+    return flags
+
+
+@functools.cache
+def _build() -> tuple[ModuleType | None, str]:
+    """Compile (or load the cached build of) the extension once per process: (module or None, why not)."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return None, f"no C++ compiler ({compiler!r} is not on PATH); install g++ to build the cpu kernels"
+    from torch.utils import cpp_extension
+
+    flags = ["-O3", "-fopenmp-simd", *isa_flags()]
+    tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags]).encode()).hexdigest()[:12]
+    build_dir = cache_root() / f"paged_attention_cpu-{tag}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        module = cpp_extension.load(name="paged_attention_cpu", sources=[str(_SOURCE)], extra_cflags=flags,
+                                    build_directory=str(build_dir), verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:
+        return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"
+    return module, ""
+
+
+def extension() -> ModuleType:
+    """The compiled extension; raises RuntimeError with the reason when it cannot be built."""
+    module, why = _build()
+    if module is None:
+        raise RuntimeError(why)
+    return module
+
+
+def available() -> bool:
+    return _build()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _build()[1]
