@@ -78,7 +78,9 @@ class LoRAManager:
         self.cfg = model.cfg
         self.max_loras, self.max_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.device, self.dtype = device, dtype
-        self.index: kernels.lora.LoRAIndex | None = None
+        # This step's row -> slot index, per thread: only the engine's loop thread sets it, so a forward
+        # another thread runs through the same shared layers (a lab sandbox's) adds no adapter delta.
+        self._step = threading.local()
         self._hooks: dict[tuple[int, str], LoRALayer] = {}
         for i, layer in enumerate(model.layers):
             for sublayer, linear_name, _ in TARGET_MODULES.values():
@@ -148,13 +150,17 @@ class LoRAManager:
 
     # --- one step (model runner) -------------------------------------------------------------------
 
+    @property
+    def index(self) -> kernels.lora.LoRAIndex | None:
+        return getattr(self._step, "index", None)
+
     def begin_step(self, segments: list[tuple[LoRAAdapter | None, int]]) -> None:
         """Index this step's rows: consecutive (adapter or None, num_rows) segments, one per sequence."""
         if all(adapter is None for adapter, _ in segments):
-            self.index = None
+            self._step.index = None
             return
-        self.index = kernels.lora.LoRAIndex.build(
+        self._step.index = kernels.lora.LoRAIndex.build(
             [(None if adapter is None else self.slot_of(adapter), rows) for adapter, rows in segments], self.device)
 
     def end_step(self) -> None:
-        self.index = None
+        self._step.index = None
