@@ -154,3 +154,25 @@ def test_cache_receipts_say_where_each_prompt_token_came_from(base):
     preempted = [r for (name, _), (r, _) in receipts.items() if name == "preemption" and r.preemptions]
     assert len(preempted) == 1 and preempted[0].recomputed_tokens > 0
     assert any(kind == "recomputed" for _, _, kind in preempted[0].provenance)
+
+
+@pytest.mark.slow
+def test_a_lora_workers_step_index_is_invisible_to_a_sandbox_thread():
+    """Sandboxes share a LoRA-enabled worker's layers; the live step's row->adapter index must not leak into
+    a forward that another thread (the lab's) runs through them."""
+    import threading
+
+    engine = LabSession(LabConfig()).engine  # a fresh engine, so the shared base's layers stay untouched
+    from inference.lora_slots import LoRAManager
+
+    manager = LoRAManager(engine.runner.model, 2, 8, 2, engine.runner.device, engine.runner.dtype)
+    manager.begin_step([(None, 3)])
+    assert manager.index is None  # base rows only: no index at all
+    manager._step.index = "the live step's index"  # what begin_step leaves while the loop thread forwards
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(manager.index))
+    reader.start()
+    reader.join()
+    assert seen == [None] and manager.index == "the live step's index"
+    manager.end_step()
+    assert manager.index is None
