@@ -162,7 +162,8 @@ class Int8Weight(LinearWeight):
             shape = x.shape
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
             return y.view(*shape[:-1], self.out_features)
-        return F.linear(x, self.codes.to(x.dtype) * self.scales.unsqueeze(-1))
+        # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
+        return F.linear(x, self.codes.to(x.dtype)) * self.scales
 
     def dequantize(self) -> torch.Tensor:
         return self.codes.float() * self.scales.float().unsqueeze(-1)
