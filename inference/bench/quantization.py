@@ -1,7 +1,8 @@
 """The quantization experiment: one column per weight format (fp32, bf16, int8, int4, the bundled GGUF Q4_1).
 
 For each: resident weight MiB (the engine's own `weight_bytes`), the chat workload's output tok/s and TTFT
-(its 64 requests are the batch-64 throughput), decode tok/s of one sequence alone (batch 1), and, against
+(all arriving at once), decode tok/s of one sequence alone and of 64 at once (short prompts), the time of
+one token's weight matmuls alone (the part of a step the format changes), and, against
 float32 on one fixed text fed token by token as a prompt, the share of positions whose argmax agrees and
 the mean KL(float32 || variant) of the next-token distributions. Quantized variants run bfloat16
 activations, the fast path of torch's CPU int4/int8 kernels.
@@ -19,6 +20,7 @@ from inference import LLMEngine, SamplingParams
 from inference.bench.engines import ours
 from inference.bench.engines.base import RunConfig
 from inference.bench.workloads import Workload
+from inference.linear import Linear
 from inference.model import AttentionMetadata
 
 # name -> (quantization, activation dtype)
@@ -58,7 +60,9 @@ def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VA
             "quantization": quantization, "dtype": dtype,
             "weight_mib": engine.metrics(block_map=False)["weight_bytes"] / 2**20,
             "chat_output_tok_s": figures["output_tokens_per_s"], "ttft_p50_s": figures["ttft_p50_s"],
-            "decode_batch1_tok_s": decode_batch1_tok_s(engine, decode_tokens),
+            "decode_batch1_tok_s": decode_tok_s(engine, 1, decode_tokens),
+            "decode_batch64_tok_s": decode_tok_s(engine, 64, decode_tokens),
+            "weight_matmul_ms_batch1": weight_matmul_ms(engine),
             "argmax_agreement_vs_fp32": (log_probs.argmax(-1) == reference.argmax(-1)).float().mean().item(),
             "mean_kl_vs_fp32": (reference.exp() * (reference - log_probs)).sum(-1).mean().item(),
         }
@@ -88,12 +92,30 @@ def text_log_probs(engine: LLMEngine) -> torch.Tensor:
     return torch.log_softmax(runner.model.compute_logits(hidden)[:-1], dim=-1)
 
 
-def decode_batch1_tok_s(engine: LLMEngine, tokens: int) -> float:
-    """Decode rate of one sequence alone: tokens after the first, over the time after the first."""
-    engine.add_request("decode-batch1", {"prompt_token_ids": list(range(2000, 2032))},
-                       SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-    engine.step()  # prefill and the first token
+@torch.inference_mode()
+def weight_matmul_ms(engine: LLMEngine, repeats: int = 5) -> float:
+    """Best-of-`repeats` time of every weight matmul of one decode token (all Linear layers, lm_head
+    included, at batch 1): the part of a step that the weight format changes."""
+    runner = engine.runner
+    layers = [m for m in runner.model.modules() if isinstance(m, Linear)]
+    inputs = [torch.randn(1, m.in_features, device=runner.device).to(runner.dtype) for m in layers]
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for layer, x in zip(layers, inputs):
+            layer(x)
+        best = min(best, time.perf_counter() - start)
+    return best * 1000
+
+
+def decode_tok_s(engine: LLMEngine, batch: int, tokens: int) -> float:
+    """Decode rate of `batch` sequences of 32 prompt tokens: tokens after each one's first, over that time."""
+    for i in range(batch):
+        engine.add_request(f"decode-{batch}-{i}", {"prompt_token_ids": list(range(2000 + i, 2032 + i))},
+                           SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    while engine.scheduler.waiting:  # prefill everyone (and their first tokens) outside the timing
+        engine.step()
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-    return (tokens - 1) / (time.perf_counter() - start)
+    return batch * (tokens - 1) / (time.perf_counter() - start)
