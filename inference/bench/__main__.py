@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "bound is 256: costly on 2 shared cores)")
     p.add_argument("--chat-requests", type=int, help="number of chat requests (default 64; the llama.cpp "
                    "target is stated at 16 concurrent requests)")
+    p.add_argument("--quant-decode-tokens", type=int, metavar="N",
+                   help="tokens per sequence of the quantization experiment's batch-1 and batch-64 decode runs "
+                        f"(default {quantization.DECODE_TOKENS}, quick 8)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="precision of ours and the HF engines (llama.cpp runs its GGUF's own weights)")
     p.add_argument("--report", type=Path, metavar="JSON",
@@ -220,10 +223,10 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
     todo = args.experiment_list
     if "quantization" in todo:
         with stages.time("quantization"):
-            if mode is QUICK:  # the smoke run checks the column's plumbing on two formats
-                out["quantization"] = quantization.measure(chat, config, ("fp32", "int4"), 8, progress)
-            else:
-                out["quantization"] = quantization.measure(chat, config, progress=progress)
+            decode_tokens = args.quant_decode_tokens or (8 if mode is QUICK else quantization.DECODE_TOKENS)
+            # The smoke run checks the column's plumbing on two formats.
+            names = ("fp32", "int4") if mode is QUICK else tuple(quantization.VARIANTS)
+            out["quantization"] = quantization.measure(chat, config, names, decode_tokens, progress)
     if "roofline" in todo:
         with stages.time("roofline"):
             hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None
