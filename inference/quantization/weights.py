@@ -9,7 +9,7 @@ activation dtype will run:
 - CPU, other dtypes: `kernels.int4_reference` (de-quantise one layer, one dense matmul: the oracle path).
 - CUDA: the Triton dequant-GEMM `kernels.int4_triton`.
 
-int8 is symmetric per output row (`w = code * scale`), run by torch's `_weight_int8pack_mm` for 16-bit
+int8 is symmetric per output row (`w = code * scale`), run on CPU by torch's `_weight_int8pack_mm` for 16-bit
 activations and by a de-quantise-then-matmul for float32 (whose `_weight_int8pack_mm` path is far slower).
 No path ever keeps a float copy of a weight resident.
 """
