@@ -74,7 +74,9 @@ class Linear(nn.Module):
         self.lora = None
 
     def load(self, weight: LinearWeight, bias: torch.Tensor | None = None) -> None:
-        """Install `weight` (already fused in `output_sizes` order) and, for a biased layer, its bias."""
+        """Install `weight` (already fused in `output_sizes` order) and, for a biased layer, its bias (on
+        the weight's device). Both replace the placeholders, so a model built on the meta device never
+        materialises float weights it will not keep."""
         if (weight.out_features, weight.in_features) != (self.out_features, self.in_features):
             raise ValueError(
                 f"weight is [{weight.out_features}, {weight.in_features}], "
@@ -83,9 +85,11 @@ class Linear(nn.Module):
         if (bias is None) != (self.bias is None):
             raise ValueError("a bias was given for a layer without one, or is missing" if bias is not None
                              else "this layer needs a bias")
+        if bias is not None and bias.shape != (self.out_features,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, the layer needs ({self.out_features},)")
         self.weight = weight
         if bias is not None:
-            self.bias.data = bias.to(self.bias.device, self.bias.dtype)
+            self.bias = nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.weight.matmul(x)

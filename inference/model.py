@@ -210,7 +210,11 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    model.to_empty(device=device)
+    # Only the norms are filled in place; every Linear and the embedding receive their weight objects from
+    # `load`, so float placeholders for weights that will be quantized are never allocated.
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.to_empty(device=device)
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads)
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
@@ -249,7 +253,9 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         linear(model.lm_head, "lm_head", "lm_head.weight")  # untied: a linear layer like the others
     for i, layer in enumerate(model.layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]) if cfg.attention_bias else None
+        bias = None
+        if cfg.attention_bias:
+            bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]).to(device)
         linear(layer.self_attn.qkv_proj, attn + "qkv_proj", *(attn + f"{x}_proj.weight" for x in "qkv"), bias=bias)
         linear(layer.self_attn.o_proj, attn + "o_proj", attn + "o_proj.weight")
         linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")

@@ -9,7 +9,7 @@ activation dtype will run:
 - CPU, other dtypes: `kernels.int4_reference` (de-quantise one layer, one dense matmul: the oracle path).
 - CUDA: the Triton dequant-GEMM `kernels.int4_triton`.
 
-int8 is symmetric per output row (`w = code * scale`), run by torch's `_weight_int8pack_mm` for 16-bit
+int8 is symmetric per output row (`w = code * scale`), run on CPU by torch's `_weight_int8pack_mm` for 16-bit
 activations and by a de-quantise-then-matmul for float32 (whose `_weight_int8pack_mm` path is far slower).
 No path ever keeps a float copy of a weight resident.
 """
@@ -162,7 +162,8 @@ class Int8Weight(LinearWeight):
             shape = x.shape
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
             return y.view(*shape[:-1], self.out_features)
-        return F.linear(x, self.codes.to(x.dtype) * self.scales.unsqueeze(-1))
+        # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
+        return F.linear(x, self.codes.to(x.dtype)) * self.scales
 
     def dequantize(self) -> torch.Tensor:
         return self.codes.float() * self.scales.float().unsqueeze(-1)

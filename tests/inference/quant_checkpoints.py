@@ -187,7 +187,12 @@ def hf_with_engine_weights(llm, hf_config) -> LlamaForCausalLM:
 
 
 def hf_greedy(hf: LlamaForCausalLM, ids: list[int], max_new_tokens: int) -> list[int]:
+    """HF's greedy continuation, exactly `max_new_tokens` long with EOS a token like any other (our engine's
+    ignore_eos); `generate(min_new_tokens=...)` would forbid EOS instead."""
+    tokens: list[int] = []
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(ids):].tolist()
+        out = hf(torch.tensor([ids]), use_cache=True)
+        for _ in range(max_new_tokens):
+            tokens.append(int(out.logits[0, -1].argmax()))
+            out = hf(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True)
+    return tokens

@@ -215,6 +215,12 @@ def test_quick_run_experiments_and_outputs(quick_result):
     assert parallel["shared"]["kv_peak_blocks_unshared"] > parallel["shared"]["kv_peak_blocks"]
     beam = result["beam_sharing"]
     assert beam["peak_blocks_shared"] < beam["peak_blocks_unshared"] and 0 < beam["blocks_saved_avg"] < 1
+    quant = result["quantization"]["variants"]  # the quick run measures float32 and int4 only
+    assert set(quant) == {"fp32", "int4"}
+    assert quant["int4"]["weight_mib"] < 0.3 * quant["fp32"]["weight_mib"]
+    assert quant["fp32"]["argmax_agreement_vs_fp32"] == 1 and quant["fp32"]["mean_kl_vs_fp32"] == 0
+    assert 0.5 < quant["int4"]["argmax_agreement_vs_fp32"] <= 1 and quant["int4"]["mean_kl_vs_fp32"] > 0
+    assert all(r["chat_output_tok_s"] > 0 and r["decode_batch1_tok_s"] > 0 for r in quant.values())
     cap = result["fixed_budget"]["capacity"]
     assert cap["max_length_prealloc"] <= cap["padded_to_longest"] <= cap["paging"]
     assert {t["what"] for t in result["targets"]} and all("met" in t for t in result["targets"])
