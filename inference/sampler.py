@@ -161,6 +161,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], mask: TokenMask | None = 
                 continue
             entry = {ids[i]: chosen[i]}
             if p.logprobs:
-                entry.update(zip(top_ids[i, : p.logprobs].tolist(), top_values[i, : p.logprobs].tolist()))
+                # Tokens a grammar mask removed (-inf) are no alternatives: fewer than k may be left.
+                top = zip(top_ids[i, : p.logprobs].tolist(), top_values[i, : p.logprobs].tolist())
+                entry.update((t, v) for t, v in top if v != float("-inf"))
             logprob_dicts[i] = entry
     return SamplerOutput(ids, logprob_dicts, sampled)

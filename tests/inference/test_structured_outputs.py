@@ -2,6 +2,7 @@
 composes with sampling, n > 1, prefix caching, preemption, background compiles and bad input."""
 
 import json
+import math
 import re
 from concurrent.futures import Future
 
@@ -132,6 +133,16 @@ def test_mask_keeps_an_allowed_argmax_token_for_token(llm):
     assert forced.metrics.masked_tokens[0][-1] == llm.llm_engine.runner.cfg.vocab_size - 1
 
 
+def test_logprobs_under_the_mask_list_only_allowed_tokens(llm):
+    params = SamplingParams(temperature=0, max_tokens=4, logprobs=5,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    out = llm.generate(chat(llm, "Is water wet?"), params, use_tqdm=False)[0].outputs[0]
+    assert out.text in ("yes", "no")
+    for step in out.logprobs:
+        assert 1 <= len(step) <= 5 and all(math.isfinite(v) for v in step.values())
+    assert len(out.logprobs[-1]) == 1 and math.isclose(out.logprobs[-1][out.token_ids[-1]], 0.0, abs_tol=1e-5)
+
+
 def test_regex_choice_grammar_and_json_object(llm):
     cases = [
         (StructuredOutputsParams(regex=r"[0-9]{3}-[0-9]{4}"), lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t)),
@@ -155,17 +166,23 @@ def test_regex_choice_grammar_and_json_object(llm):
 
 
 @pytest.mark.slow
-def test_constrained_requests_survive_preemption():
-    """A small KV pool forces recompute: kept matchers must still agree with the recomputed sequences."""
+def test_constrained_requests_survive_preemption(llm):
+    """A small KV pool forces recompute: kept matchers must still agree with the recomputed sequences, and
+    a greedy constrained reply is the same token for token as without preemption."""
     small = get_llm(num_kv_blocks=20, max_model_len=256, max_num_seqs=16)
-    schema = SCHEMAS["array of objects"]
-    prompts = [chat(small, PROMPTS["array of objects"])] * 3
+    schema, greedy_schema = SCHEMAS["array of objects"], SCHEMAS["nested object"]
+    prompts = [chat(small, PROMPTS["array of objects"])] * 3 + [chat(small, PROMPTS["nested object"])]
     params = [constrained(schema, temperature=1.0, n=4, seed=i) for i in range(3)]
+    params.append(constrained(greedy_schema, temperature=0))
+    before = small.metrics()["num_preemptions_total"]
     outputs = small.generate(prompts, params, use_tqdm=False)
-    assert small.metrics()["num_preemptions_total"] > 0
-    for request in outputs:
+    assert small.metrics()["num_preemptions_total"] > before
+    for request in outputs[:3]:
         for output in request.outputs:
             assert_valid(output, schema)
+    alone = llm.generate(prompts[3], params[3], use_tqdm=False)[0].outputs[0]
+    assert outputs[3].outputs[0].token_ids == alone.token_ids
+    assert_valid(alone, greedy_schema)
 
 
 def test_a_compiling_grammar_holds_only_its_own_request(llm):
