@@ -23,4 +23,4 @@ RUN useradd --create-home app && mkdir -p /models /app/var && chown app /models 
 USER app
 
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "playground.asgi:application"]
+CMD ["python", "manage.py", "web", "--host", "0.0.0.0", "--port", "8000"]

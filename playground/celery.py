@@ -11,4 +11,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
 
 app = Celery("playground")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+app.autodiscover_tasks(["playground.serving.worker"])  # the task lives with the worker code

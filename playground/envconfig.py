@@ -1,5 +1,6 @@
 """Parsing of the environment variables that configure the project (kept apart so tests can call it)."""
 import os
+import secrets
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -66,3 +67,13 @@ def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:
             "PORT": str(parts.port or ""),
         }
     raise ImproperlyConfigured(f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite or postgres)")
+
+
+def secret_key_file(path: Path) -> str:
+    """The secret key kept in `path`, created (random, readable by this user only) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as key_file:
+            key_file.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()

@@ -9,16 +9,19 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .envconfig import database_from_url, env_bool, env_int, env_list
+from .envconfig import database_from_url, env_bool, env_int, env_list, secret_key_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
 
-DEBUG = env_bool("DEBUG", True)
-_DEV_SECRET_KEY = "dev-insecure-paged-playground-key-change-me"
-SECRET_KEY = os.environ.get("SECRET_KEY", _DEV_SECRET_KEY)
-if not DEBUG and SECRET_KEY == _DEV_SECRET_KEY:
-    raise ImproperlyConfigured("DEBUG is off: set SECRET_KEY in the environment (the development key is public).")
+# Off unless asked for (DEBUG=1): debug pages list every route and show tracebacks with local variables.
+DEBUG = env_bool("DEBUG", False)
+REDIS_URL = os.environ.get("REDIS_URL", "")
+SECRET_KEY = os.environ.get("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if REDIS_URL:  # several processes must share one key: the operator sets it
+        raise ImproperlyConfigured("set SECRET_KEY in the environment: every web process and worker needs the same")
+    SECRET_KEY = secret_key_file(VAR_DIR / "secret_key")  # one process: a random key, kept across restarts
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -41,6 +44,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "playground.security.ContentSecurityPolicyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -49,6 +53,16 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Sent with every response (playground/security.py, docs/security.md): the pages are plain ES modules and
+# stylesheets from /static/, with no inline script or style, so nothing else needs to be allowed.
+PLAYGROUND_CSP = "; ".join([
+    "default-src 'self'", "script-src 'self'", "style-src 'self'", "img-src 'self' data:", "font-src 'self'",
+    "connect-src 'self'", "object-src 'none'", "base-uri 'self'", "form-action 'self'", "frame-ancestors 'none'",
+])  # fmt: skip
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "playground.urls"
 ASGI_APPLICATION = "playground.asgi.application"
@@ -90,8 +104,7 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
-# --- Redis: one URL switches the whole stack to distributed mode -------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "")
+# --- Redis: one URL (REDIS_URL, read above) switches the whole stack to distributed mode ---------------------
 
 if REDIS_URL:
     CHANNEL_LAYERS = {
@@ -129,7 +142,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", not REDIS_URL)
 PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
 
-# Server-side caps on what one generate frame may ask for (also shown to the page as `limits`).
+# Server-side caps on what one generate frame or API body may ask for (also shown to the page as `limits`);
+# the sampling fields, their ranges and defaults are in playground/serving/web/sampling.py.
 PLAYGROUND_LIMITS = {
     "max_tokens": env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1),
     "max_n": env_int("PLAYGROUND_MAX_N", 4, minimum=1),
@@ -138,19 +152,7 @@ PLAYGROUND_LIMITS = {
     "max_messages": 200,
     "max_message_chars": 32_000,
     "max_frame_bytes": env_int("PLAYGROUND_MAX_FRAME_BYTES", 64 * 1024, minimum=1024),
-}
-PLAYGROUND_SAMPLING_DEFAULTS = {
-    "n": 1,
-    "temperature": 0.7,
-    "top_p": 1.0,
-    "top_k": 0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "seed": None,
-    "stop": [],
-    "max_tokens": min(256, env_int("PLAYGROUND_MAX_TOKENS", 1024, minimum=1)),
+    "max_json_depth": 32,  # arrays and objects nested deeper are refused before parsing (frames and API bodies)
 }
 
 # Per-user limits (defaults; a user's UserQuota in admin overrides them). 0 = unlimited.
@@ -158,11 +160,23 @@ PLAYGROUND_USER_LIMITS = {
     "max_concurrent_requests": env_int("PLAYGROUND_MAX_CONCURRENT_REQUESTS", 16, minimum=0),
     "tokens_per_minute": env_int("PLAYGROUND_TOKENS_PER_MINUTE", 0, minimum=0),
 }
+# Anonymous users (no account; a cookie-less client gets a new session per socket, so sessions cannot be
+# what is limited): per client address, and a pool shared by every anonymous request of the server.
+PLAYGROUND_ANONYMOUS_LIMITS = {
+    "max_concurrent_requests_per_address": env_int(
+        "PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS", PLAYGROUND_USER_LIMITS["max_concurrent_requests"], minimum=0
+    ),
+    "max_concurrent_requests": env_int("PLAYGROUND_ANON_MAX_CONCURRENT", 64, minimum=0),
+    "tokens_per_minute_per_address": env_int(
+        "PLAYGROUND_ANON_TOKENS_PER_MINUTE_PER_ADDRESS", PLAYGROUND_USER_LIMITS["tokens_per_minute"], minimum=0
+    ),
+}
 # The OpenAI-compatible API (docs/api.md).
 PLAYGROUND_API = {
     "max_body_bytes": env_int("PLAYGROUND_API_MAX_BODY_BYTES", 1024 * 1024, minimum=1024),
     "max_prompt_chars": env_int("PLAYGROUND_MAX_PROMPT_CHARS", 32_000, minimum=1),
 }
+DATA_UPLOAD_MAX_MEMORY_SIZE = PLAYGROUND_API["max_body_bytes"]  # Django refuses larger bodies before reading them
 # Per-user prefix-cache salt against the cross-user timing side channel: "off" or "user".
 PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
 if PLAYGROUND_CACHE_SALT not in ("off", "user"):
@@ -190,6 +204,10 @@ PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry thi
 PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long
 PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)  # queued, never picked up
 PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
+# Every accepted request ends (reply or error) within this many seconds of its admission.
+PLAYGROUND_REQUEST_DEADLINE_S = env_int("PLAYGROUND_REQUEST_DEADLINE_S", 600, minimum=1)
+# A worker's heartbeats lists the requests it serves; unlisted this long without a `gen.done`: the reply was lost.
+PLAYGROUND_LOST_REPLY_GRACE = 3.0
 
 LOGGING = {
     "version": 1,

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from playground.chat import views as chat_views
-from playground.serving import views as serving_views
+from playground.serving.web import views as serving_views
 
 urlpatterns = [
     path("", chat_views.index, name="chat"),

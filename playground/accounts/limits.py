@@ -9,12 +9,12 @@ admitted while the estimate is under the limit, so one large request may oversho
 import time
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import cache
 
-from playground.serving.params import InvalidInput
+from playground.serving.web.edge import InvalidInput
 
+ANONYMOUS_POOL_KEY = "limits:conc:anonymous-pool"
 CONCURRENCY_TTL_S = 6 * 3600  # a slot leaked by a crashed process is reclaimed after this long
 WINDOW_S = 60
 
@@ -48,10 +48,16 @@ def quota_for(user) -> Quota:
 
 
 def identity(user, session_key: str = "") -> str:
-    """Whose counters a request uses: the account, else the anonymous session."""
+    """Whose conversations and cache salt a request uses: the account, else the anonymous session."""
     if user is not None and user.is_authenticated:
         return f"user:{user.pk}"
     return f"session:{session_key}"
+
+
+def anonymous_identity(address: str) -> str:
+    """Whose limits an anonymous request counts against: its client address, since a client without
+    cookies gets a new session per socket and would otherwise escape every per-user limit."""
+    return f"anon:{address or 'unknown'}"
 
 
 def _incr(key: str, amount: int, timeout: int) -> int:
@@ -72,25 +78,20 @@ def tokens_used(who: str, now: float | None = None) -> float:
 
 
 class Admission:
-    """A concurrency slot held by one request; release it exactly once (extra calls do nothing)."""
+    """The concurrency slots held by one request (its owner's, and the anonymous pool's for an anonymous
+    request); release them exactly once (extra calls do nothing)."""
 
-    def __init__(self, who: str, holds_slot: bool) -> None:
+    def __init__(self, who: str, slot_keys: list[str]) -> None:
         self.who = who
-        self._holds_slot = holds_slot
+        self._slot_keys = slot_keys
 
     def release(self) -> None:
-        if self._holds_slot:
-            self._holds_slot = False
+        keys, self._slot_keys = self._slot_keys, []
+        for key in keys:
             try:
-                cache.decr(f"limits:conc:{self.who}")
+                cache.decr(key)
             except ValueError:  # the counter expired meanwhile
                 pass
-
-    async def arelease(self) -> None:
-        await sync_to_async(self.release, thread_sensitive=False)()
-
-    async def arecord(self, tokens: int) -> None:
-        await sync_to_async(self.record, thread_sensitive=False)(tokens)
 
     def record(self, tokens: int) -> None:
         """Count tokens (prompt + completion) against the tokens-per-minute limit."""
@@ -98,8 +99,15 @@ class Admission:
             _incr(f"limits:tpm:{self.who}:{int(time.time() // WINDOW_S)}", tokens, 2 * WINDOW_S)
 
 
-def admit(who: str, quota: Quota) -> Admission:
-    """Let one request of `who` start, or raise LimitExceeded."""
+def _take_slot(key: str, limit: int, refusal: str) -> None:
+    if _incr(key, 1, CONCURRENCY_TTL_S) > limit:
+        cache.decr(key)
+        raise LimitExceeded(refusal)
+
+
+def admit(who: str, quota: Quota, anonymous_pool: int = 0) -> Admission:
+    """Let one request of `who` start, or raise LimitExceeded. `anonymous_pool` > 0: the request also takes
+    a slot of the server-wide anonymous pool of that size."""
     if quota.tokens_per_minute:
         used = tokens_used(who)
         if used >= quota.tokens_per_minute:
@@ -108,19 +116,29 @@ def admit(who: str, quota: Quota) -> Admission:
                 "try again shortly",
                 retry_after=int(WINDOW_S - time.time() % WINDOW_S) + 1,
             )
-    if not quota.max_concurrent_requests:
-        return Admission(who, holds_slot=False)
-    key = f"limits:conc:{who}"
-    running = _incr(key, 1, CONCURRENCY_TTL_S)
-    if running > quota.max_concurrent_requests:
-        cache.decr(key)
-        raise LimitExceeded(
-            f"too many concurrent requests: at most {quota.max_concurrent_requests} at once; "
-            "wait for one to finish"
-        )
-    return Admission(who, holds_slot=True)
+    taken: list[str] = []
+    try:
+        if quota.max_concurrent_requests:
+            _take_slot(f"limits:conc:{who}", quota.max_concurrent_requests,
+                       f"too many concurrent requests: at most {quota.max_concurrent_requests} at once; "
+                       "wait for one to finish")  # fmt: skip
+            taken.append(f"limits:conc:{who}")
+        if anonymous_pool:
+            _take_slot(ANONYMOUS_POOL_KEY, anonymous_pool,
+                       f"too many anonymous requests on this server ({anonymous_pool} at once); log in or "
+                       "wait for one to finish")  # fmt: skip
+            taken.append(ANONYMOUS_POOL_KEY)
+    except BaseException:
+        Admission(who, taken).release()
+        raise
+    return Admission(who, taken)
 
 
-def admit_user(user, session_key: str = "") -> Admission:
-    """`admit` for a chat-socket or API user (blocking: reads the user's quota from the database)."""
-    return admit(identity(user, session_key), quota_for(user))
+def admit_user(user, session_key: str = "", address: str = "") -> Admission:
+    """`admit` for a chat-socket or API user (blocking: reads the user's quota from the database). An
+    anonymous user is limited per client `address` and by the anonymous pool (PLAYGROUND_ANONYMOUS_LIMITS)."""
+    if user is not None and user.is_authenticated:
+        return admit(identity(user), quota_for(user))
+    anonymous = settings.PLAYGROUND_ANONYMOUS_LIMITS
+    quota = Quota(anonymous["max_concurrent_requests_per_address"], anonymous["tokens_per_minute_per_address"])
+    return admit(anonymous_identity(address), quota, anonymous["max_concurrent_requests"])

@@ -4,21 +4,20 @@ Sampling fields go through the same validator as the websocket (`serving.params.
 both front doors accept the same ranges and enforce the same server caps. Anything unknown, unsupported
 or out of range raises `ApiError` (HTTP 400) naming the field.
 """
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from playground.chat.protocol import parse_messages
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.serving.web.edge import InvalidInput, TooLarge, parse_json_object
+from playground.serving.web.sampling import NAMES as SAMPLING
+from playground.serving.web.sampling import validate_sampling
 
 from .errors import ApiError
 
 # Accepted and ignored: bookkeeping fields some clients always send.
 IGNORED = {"user", "metadata", "store", "service_tier"}
-SAMPLING = {"n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "stop", "max_tokens"}  # fmt: skip
 COMMON = {"model", "stream", "stream_options"} | SAMPLING | IGNORED
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens"}
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
@@ -39,16 +38,14 @@ class ApiRequest:
     prompt: str | None = None
 
 
-def parse_body(raw: bytes, max_bytes: int) -> dict[str, Any]:
-    if len(raw) > max_bytes:
-        raise ApiError(413, f"request body larger than {max_bytes} bytes", code="request_too_large")
+def parse_body(raw: bytes, limits: Mapping[str, int], max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object, by the edge's rules (serving/web/edge.py): 413 over `max_bytes`, else 400."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
+        return parse_json_object(raw, max_bytes, limits["max_json_depth"], what="request body")
+    except TooLarge as exc:
+        raise ApiError(413, str(exc), code="request_too_large") from None
+    except InvalidInput as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def _check_fields(body: Mapping[str, Any], allowed: set[str]) -> None:

@@ -1,15 +1,17 @@
 """Parsing and validation of the frames a browser sends on /ws/chat/ (docs/protocol.md).
 
-Every check raises `InvalidInput` with a message fit for the client's error event.
+Frames are decoded by `serving.web.edge.decode_frame` (size, nesting, JSON, Unicode); every check here
+raises `InvalidInput` with a message fit for the client's error event.
 """
-import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
+from playground.serving.web.sampling import validate_sampling
 
+CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
 ROLES = ("system", "user", "assistant")
 
 
@@ -23,21 +25,6 @@ class Generate:
 @dataclass(frozen=True)
 class Cancel:
     request_id: str
-
-
-def decode_frame(text: str | None, max_bytes: int) -> dict[str, Any]:
-    """Parse one text frame into a JSON object, refusing oversize, binary and non-object frames."""
-    if text is None:
-        raise InvalidInput("only JSON text frames are accepted")
-    if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-        raise InvalidInput(f"frame larger than {max_bytes} bytes")
-    try:
-        frame = json.loads(text)
-    except ValueError:
-        raise InvalidInput("frame is not valid JSON") from None
-    if not isinstance(frame, dict):
-        raise InvalidInput("frame must be a JSON object")
-    return frame
 
 
 def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, str]]:
@@ -92,3 +79,14 @@ def parse_cancel(frame: Mapping[str, Any]) -> Cancel:
     if not isinstance(request_id, str) or not request_id:
         raise InvalidInput("cancel needs a request_id string")
     return Cancel(request_id=request_id)
+
+
+def parse_frame(text: str | None, defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate | Cancel:
+    """One client frame, decoded at the edge and parsed: a Generate or a Cancel; raises InvalidInput."""
+    frame = decode_frame(text, limits)
+    kind = frame.get("type")
+    if kind == "generate":
+        return parse_generate(frame, defaults, limits)
+    if kind == "cancel":
+        return parse_cancel(frame)
+    raise InvalidInput("type must be 'generate' or 'cancel'")

@@ -8,6 +8,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
+from playground.serving.web import sampling
+from playground.serving.web.edge import CLOSE_CODES
+
 from .models import Conversation
 from .store import conversation_detail, conversation_summary
 
@@ -50,8 +53,9 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
     user = request.user
     chat_config = {
         "ws_path": WS_PATH,
-        "sampling_defaults": settings.PLAYGROUND_SAMPLING_DEFAULTS,
+        "sampling": sampling.page_specs(settings.PLAYGROUND_LIMITS),  # the page's controls, from the one table
         "limits": settings.PLAYGROUND_LIMITS,
+        "close_codes": CLOSE_CODES,
         "user": {
             "username": user.get_username() if user.is_authenticated else "",
             "is_authenticated": user.is_authenticated,
@@ -69,7 +73,6 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
         "conversations": list(_owned(request)[:MAX_LISTED]),
         "active_conversation": active,
         "ws_path": WS_PATH,
-        "sampling_defaults": settings.PLAYGROUND_SAMPLING_DEFAULTS,
         "limits": settings.PLAYGROUND_LIMITS,
         "chat_config": chat_config,
     }

@@ -9,25 +9,26 @@ socket that started it gets its `done` with finish_reason "abort"), `{"type": "r
 `{"type": "error", "message"}`.
 """
 import asyncio
-import json
 import logging
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from playground.serving import dispatch, registry
+from playground.serving.shared import registry
+from playground.serving.web import dispatch
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from . import feed
 from .views import is_staff
 
 logger = logging.getLogger(__name__)
 
-CLOSE_LOGIN_REQUIRED = 4401
-CLOSE_FORBIDDEN = 4403
+CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
+CLOSE_FORBIDDEN = CLOSE_CODES["forbidden"]
 
 
-class InvalidAction(ValueError):
+class InvalidAction(InvalidInput):
     """A frame the memory view should never send; reported back as an error frame."""
 
 
@@ -105,11 +106,8 @@ class MemoryConsumer(SnapshotFeed):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            frame = json.loads(text_data or "")
-            if not isinstance(frame, dict):
-                raise InvalidAction("a frame must be a JSON object")
-            message = await self.act(frame)
-        except (InvalidAction, json.JSONDecodeError) as exc:
+            message = await self.act(decode_frame(text_data, settings.PLAYGROUND_LIMITS))
+        except InvalidInput as exc:
             await self.send_json({"type": "error", "message": str(exc)})
             return
         await self.send_json({"type": "ack", "message": message})

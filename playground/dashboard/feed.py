@@ -12,7 +12,7 @@ WATCH_LEASE_S. Without one they publish summaries only.
 """
 from typing import Any
 
-from playground.serving.naming import CONTROL_GROUP
+from playground.serving.shared.naming import CONTROL_GROUP
 
 KV_GROUP = "kv"
 SUMMARY_GROUP = "kv.summary"

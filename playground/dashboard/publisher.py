@@ -21,8 +21,8 @@ from . import feed, snapshot
 from .stats import LatencyStats, RequestTimes, ThroughputMeter
 
 if TYPE_CHECKING:
-    from playground.serving.bridge import LoopBridge
-    from playground.serving.engine_service import EngineService
+    from playground.serving.worker.bridge import LoopBridge
+    from playground.serving.worker.engine_service import EngineService
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class SnapshotPublisher:
         self.linger_s = THROUGHPUT_WINDOW_S + 2 * interval_s
         self.latency = LatencyStats()
         self._meter = ThroughputMeter(THROUGHPUT_WINDOW_S)
+        self._sampler = snapshot.KvSampler()
         self._last_metrics: dict[str, Any] | None = None
         self._changed_at = float("-inf")
         self._refresh = threading.Event()
@@ -96,6 +97,7 @@ class SnapshotPublisher:
         metrics = self.service.metrics(block_map=True)
         if not metrics.get("block_map"):
             return None  # no engine yet (loading), so no pool to show
+        counters, memory = self._sampler.sample(metrics)  # every round: a map with its tables may pass once
         tokens_per_s = self._meter.sample(now, metrics.get("generation_tokens_total", 0))
         if metrics is not self._last_metrics and metrics != self._last_metrics:
             self._last_metrics = metrics
@@ -107,11 +109,10 @@ class SnapshotPublisher:
         self._refresh.clear()
         if not asked and now - self._changed_at > self.linger_s:
             return None
-        summary = snapshot.build_summary(self.worker, metrics, tokens_per_s, self.latency.summary(), time.time())
-        if now > self._watched_until:
+        summary = snapshot.build_summary(self.worker, counters, tokens_per_s, self.latency.summary(), time.time())
+        if now > self._watched_until or memory is None:
             return Publication(summary, None)
-        full = snapshot.with_block_map(summary, metrics)
-        return Publication(summary, full)
+        return Publication(summary, snapshot.with_block_map(summary, memory, metrics["block_size"]))
 
     def publish(self, publication: Publication) -> None:
         """Send the summary to the chat pages' group and the full snapshot, if any, to the memory view's."""

@@ -1,9 +1,16 @@
 """A worker's KV snapshot: what `/ws/memory/` and the chat page's KV panel draw (static/common/snapshot.js).
 
-Plain functions over plain data (no Django, no torch), so the shape is tested without a model. Shape:
+Typed parts over plain data (no Django, no torch), so the shape is tested without a model. The engine's
+`metrics()` refreshes its counters after every step but its block map only every ~100 ms, carrying the
+last map over in between without the block tables ("sequences") taken with it. So `KvSampler` splits what
+it samples into parts, each stamped with the sample it came from: the counters (every sample), and the
+block map together with the sequences of the same engine step (`Memory`, only from a sample that had
+both). A full snapshot is the latest counters with the latest matching map and tables — never a map with
+another step's tables, and never a KeyError between map refreshes. Shape on the wire:
 
     {"type": "snapshot", "worker": str, "time": float (epoch seconds),
-     "metrics": the engine's metrics() without "block_map",
+     "stamps": {"counters": int, "block_map": int (full snapshots only)},
+     "metrics": the engine's metrics() without "block_map" and "sequences",
      "tokens_per_s": float, "latency": {"ttft_ms": {p50, p90, p99}, "itl_ms": {...}, "requests": int},
      "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
      "requests": [{"request_id", "index", "block_table": [int...], "context_len", "max_len"}],
@@ -18,6 +25,7 @@ The chat page gets `build_summary()` alone: no block map and requests, which nam
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 STATE_CODES = {"free": "f", "used": "u", "shared": "s", "cached": "c"}
@@ -46,8 +54,43 @@ def contiguous_reserved_blocks(requests: list[dict[str, Any]], block_size: int) 
     return sum(math.ceil(r["max_len"] / block_size) for r in requests)
 
 
+@dataclass(frozen=True)
+class Counters:
+    """The engine's figures (no block map, no sequences), from sample `stamp`."""
+
+    stamp: int
+    figures: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The block map and the block tables of one engine step, from sample `stamp`."""
+
+    stamp: int
+    block_map: list[dict[str, Any]]
+    sequences: list[dict[str, Any]]
+
+
+class KvSampler:
+    """Splits successive `metrics(block_map=True)` dicts of one engine into stamped parts (one thread)."""
+
+    def __init__(self) -> None:
+        self._stamp = 0
+        self._memory: Memory | None = None
+
+    def sample(self, metrics: dict[str, Any]) -> tuple[Counters, Memory | None]:
+        """The counters of `metrics`, and the latest block map with its own step's tables (None before the
+        first sample that had both)."""
+        self._stamp += 1
+        if "block_map" in metrics and "sequences" in metrics:
+            if self._memory is None or metrics["block_map"] is not self._memory.block_map:
+                self._memory = Memory(self._stamp, metrics["block_map"], metrics["sequences"])
+        figures = {k: v for k, v in metrics.items() if k not in ("block_map", "sequences")}
+        return Counters(self._stamp, figures), self._memory
+
+
 def build_summary(
-    worker: str, metrics: dict[str, Any], tokens_per_s: float, latency: dict[str, Any], now: float
+    worker: str, counters: Counters, tokens_per_s: float, latency: dict[str, Any], now: float
 ) -> dict[str, Any]:
     """The figures only: nothing that names a request (for the chat page, which any user may open), and
     cheap (no pass over the block pool)."""
@@ -55,20 +98,20 @@ def build_summary(
         "type": "snapshot",
         "worker": worker,
         "time": now,
-        "metrics": {k: v for k, v in metrics.items() if k not in ("block_map", "sequences")},
+        "stamps": {"counters": counters.stamp},
+        "metrics": counters.figures,
         "tokens_per_s": round(tokens_per_s, 2),
         "latency": latency,
     }
 
 
-def with_block_map(summary: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """The full snapshot: `summary` plus block map, block tables and the contiguous reservation.
-    `metrics` must hold "block_map" and "sequences" (the engine's metrics(block_map=True)): both come from
-    the same engine step, so tables and map agree."""
-    requests = metrics["sequences"]
+def with_block_map(summary: dict[str, Any], memory: Memory, block_size: int) -> dict[str, Any]:
+    """The full snapshot: `summary` plus block map, block tables and the contiguous reservation, all of
+    one engine step (`memory`)."""
     return {
         **summary,
-        "block_map": encode_block_map(metrics["block_map"]),
-        "requests": requests,
-        "contiguous_reserved_blocks": contiguous_reserved_blocks(requests, metrics["block_size"]),
+        "stamps": {**summary["stamps"], "block_map": memory.stamp},
+        "block_map": encode_block_map(memory.block_map),
+        "requests": memory.sequences,
+        "contiguous_reserved_blocks": contiguous_reserved_blocks(memory.sequences, block_size),
     }

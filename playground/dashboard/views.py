@@ -5,7 +5,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from playground.serving import registry
+from playground.serving.shared import registry
 
 from .prometheus import registry_for
 

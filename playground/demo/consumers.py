@@ -11,13 +11,12 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from playground.chat.protocol import decode_frame
 from playground.dashboard import feed
-from playground.serving.params import InvalidInput
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from .runner import GROUP, RunSettings, runner
 
-CLOSE_LOGIN_REQUIRED = 4401
+CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
 MAX_RATE = 50.0
 
 
@@ -65,7 +64,7 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            frame = decode_frame(text_data, settings.PLAYGROUND_LIMITS["max_frame_bytes"])
+            frame = decode_frame(text_data, settings.PLAYGROUND_LIMITS)
             kind = frame.get("type")
             if kind not in ("start", "stop"):
                 raise InvalidInput("type must be 'start' or 'stop'")

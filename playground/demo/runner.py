@@ -1,5 +1,5 @@
 """The demo run: N simulated users arriving at a chosen rate, each chatting through the same Celery ->
-engine path as real visitors (`serving.client`), so they share the worker's batch with them.
+engine path and request lifecycle as real visitors (`serving.web.lifecycle`), so they share the worker's batch with them.
 
 One run at a time per web process. Everything a watcher needs goes to the channel-layer group `demo` as
 `demo.event` messages (see `DemoConsumer`), and `state()` gives late joiners the picture so far.
@@ -15,7 +15,8 @@ from typing import Any
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from playground.serving.client import GenerationFailed, Job, generate
+from playground.serving.web import lifecycle, sampling
+from playground.serving.web.lifecycle import GenerationFailed, Job
 
 from .presets import preset
 
@@ -117,20 +118,23 @@ class DemoRunner:
             await self._broadcast({"kind": "run", **self.state()})
 
     async def _chat(self, run: Run, user: SimUser, messages: list[dict[str, str]]) -> None:
-        params = {**settings.PLAYGROUND_SAMPLING_DEFAULTS, "max_tokens": run.settings.max_tokens, "seed": user.user}
+        params = {**sampling.defaults(settings.PLAYGROUND_LIMITS), "max_tokens": run.settings.max_tokens,
+                  "seed": user.user}  # fmt: skip
         salt = f"demo:{run.run_id}:{user.user}" if run.settings.cache_salt else None
         try:
-            async for event in generate(Job(params=params, messages=messages, cache_salt=salt)):
-                if event["type"] == "gen.tokens":
-                    text = "".join(c["text"] for c in event["chunks"])
-                    user.state, user.text = "streaming", user.text + text
-                    await self._broadcast({"kind": "tokens", "user": user.user, "text": text})
-                else:
-                    output = event["outputs"][0]
-                    user.state, user.text = "done", output["text"]
-                    user.usage, user.timing = event["usage"], event["timing"]
-                    user.finish_reason = output["finish_reason"]
-                    await self._broadcast({"kind": "user", "user": asdict(user)})
+            async with await lifecycle.admit() as generation:  # the presenter's simulated users: no limits
+                await generation.start(Job(params=params, messages=messages, cache_salt=salt))
+                async for update in generation.updates():
+                    text = "".join(c["text"] for c in update.chunks)
+                    if text:
+                        user.state, user.text = "streaming", user.text + text
+                        await self._broadcast({"kind": "tokens", "user": user.user, "text": text})
+                    if update.done is not None:
+                        output = update.done["outputs"][0]
+                        user.state, user.text = "done", output["text"]
+                        user.usage, user.timing = update.done["usage"], update.done["timing"]
+                        user.finish_reason = output["finish_reason"]
+                        await self._broadcast({"kind": "user", "user": asdict(user)})
         except GenerationFailed as exc:
             user.state, user.error = "error", str(exc)
             await self._broadcast({"kind": "user", "user": asdict(user)})

@@ -9,20 +9,20 @@ import socket
 import threading
 from collections.abc import Callable
 
-from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server, twisted_loop
+from daphne.server import twisted_loop
 from django.conf import settings
 
 from playground.celery import app as celery_app
 
-from . import worker
-from .naming import GPU_QUEUE, worker_queue
+from .worker import runtime
+from .shared.naming import GPU_QUEUE, worker_queue
+from .web import server as web_server
 
 
 class EmbeddedWorker:
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str | None = None) -> None:
         self.name = name or f"embedded@{socket.gethostname()}"
-        worker.use_event_loop(loop)
+        runtime.use_event_loop(loop)
         self._controller = celery_app.WorkController(
             hostname=self.name,
             pool="threads",
@@ -44,16 +44,8 @@ class EmbeddedWorker:
 
 def serve(host: str, port: int, on_ready: Callable[[], None]) -> None:
     """Serve the site and one GPU worker until the server stops (SIGINT/SIGTERM or `stop_serving`)."""
-    from playground.asgi import application
-
     embedded_worker = EmbeddedWorker(twisted_loop)
-    server = Server(
-        application,
-        endpoints=build_endpoint_description_strings(host=host, port=port),
-        ready_callable=on_ready,
-        websocket_max_message_size=settings.PLAYGROUND_LIMITS["max_frame_bytes"] * 2,
-        verbosity=0,
-    )
+    server = web_server.build(host, port, on_ready)
     embedded_worker.start()
     try:
         server.run()

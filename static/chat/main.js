@@ -44,8 +44,7 @@ const state = {
   active: null,
 };
 
-const paramsForm = new ParamsForm(els.params, { defaults: config.sampling_defaults ?? {},
-  limits: config.limits ?? {} });
+const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 /**
  * Generate frames whose reply was abandoned (New chat, another conversation opened) before their `started`
  * arrived. The server answers `started` in the order it received the frames, so the next ones to arrive

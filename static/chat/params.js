@@ -1,38 +1,17 @@
 /**
- * Sampling controls: one declarative list of parameters builds the form, validates it and reads it back,
- * so adding a parameter is one line here. Limits mirror inference/sampling_params.py and the server caps
- * in `chat_config.limits`; the server validates again and answers an `error` event, but checking here lets
- * the user fix a field before anything is sent. The last valid values are remembered in localStorage.
+ * Sampling controls: the server's list of sampling fields (`chat_config.sampling`, built from the one table
+ * in playground/serving/web/sampling.py, caps applied) builds the form, validates it and reads it back; the
+ * page keeps no copy of a field or a range. The server validates again and answers an `error` event, but
+ * checking here lets the user fix a field before anything is sent. The last valid values are remembered in
+ * localStorage.
+ *
+ * A spec: {name, label, kind, min, max, min_open, step, value, help, advanced, max_length?}. kind "range":
+ * slider plus number box; "int": number box; "optional-int": blank means unset (null); "lines": textarea,
+ * one string per non-empty line (at most `max` lines of at most `max_length` characters). `advanced` fields
+ * sit in a collapsed "More options" group so the KV panel below stays in view.
  */
 
 const STORAGE_KEY = "paged-playground.params.v1";
-
-/**
- * kind "range": slider plus number box; "int": number box; "optional-int": blank means unset (null);
- * "lines": textarea, one string per non-empty line. `limit` names the server cap that replaces `max`;
- * `advanced` fields sit in a collapsed "More options" group so the KV panel below stays in view.
- */
-const PARAM_SPECS = [
-  { name: "temperature", label: "Temperature", kind: "range", min: 0, max: 2, step: 0.05, value: 0.7,
-    help: "0 is greedy decoding" },
-  { name: "top_p", label: "Top p", kind: "range", min: 0.01, max: 1, step: 0.01, value: 1 },
-  { name: "top_k", label: "Top k", kind: "int", min: 0, max: 1000, value: 0, help: "0 turns it off" },
-  { name: "max_tokens", label: "Max tokens", kind: "int", min: 1, max: 2048, value: 256, limit: "max_tokens" },
-  { name: "n", label: "Samples (n)", kind: "int", min: 1, max: 4, value: 1, limit: "max_n",
-    help: "shown side by side" },
-  { name: "min_p", label: "Min p", kind: "range", min: 0, max: 1, step: 0.01, value: 0, advanced: true,
-    help: "drops tokens below this share of the top token's probability" },
-  { name: "presence_penalty", label: "Presence penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0,
-    advanced: true },
-  { name: "frequency_penalty", label: "Frequency penalty", kind: "range", min: -2, max: 2, step: 0.1, value: 0,
-    advanced: true },
-  { name: "repetition_penalty", label: "Repetition penalty", kind: "range", min: 0.5, max: 2, step: 0.05,
-    value: 1, advanced: true },
-  { name: "seed", label: "Seed", kind: "optional-int", min: 0, max: 2 ** 31 - 1, value: null, advanced: true,
-    help: "blank for a random seed" },
-  { name: "stop", label: "Stop sequences", kind: "lines", max: 4, limit: "max_stop", value: [], advanced: true,
-    help: "one per line; write \\n for a newline" },
-];
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -75,14 +54,18 @@ function field(spec) {
 function parse(spec, raw) {
   if (spec.kind === "lines") {
     const lines = raw.split("\n").filter((s) => s.length > 0).map((s) => s.replace(/\\n/g, "\n"));
-    return lines.length > spec.max ? { error: `at most ${spec.max}` } : { value: lines };
+    if (lines.length > spec.max) return { error: `at most ${spec.max}` };
+    if (lines.some((line) => line.length > spec.max_length)) return { error: `at most ${spec.max_length} characters each` };
+    return { value: lines };
   }
   const text = raw.trim();
   if (text === "") return spec.kind === "optional-int" ? { value: null } : { error: "is required" };
   const value = Number(text);
   if (!Number.isFinite(value)) return { error: "is not a number" };
   if (spec.kind !== "range" && !Number.isInteger(value)) return { error: "must be a whole number" };
-  if (value < spec.min || value > spec.max) return { error: `must be between ${spec.min} and ${spec.max}` };
+  if (value < spec.min || value > spec.max || (spec.min_open && value === spec.min)) {
+    return { error: spec.min_open ? `must be above ${spec.min}, at most ${spec.max}` : `must be between ${spec.min} and ${spec.max}` };
+  }
   return { value };
 }
 
@@ -98,15 +81,11 @@ export class ParamsForm {
   /**
    * Build the controls into `form` and restore the last values.
    * @param {HTMLFormElement} form
-   * @param {{defaults?: object, limits?: object}} server  `sampling_defaults` and `limits` of chat_config
+   * @param {object[]} specs  `sampling` of chat_config
    */
-  constructor(form, { defaults = {}, limits = {} } = {}) {
+  constructor(form, specs) {
     this.form = form;
-    this.specs = PARAM_SPECS.map((spec) => ({
-      ...spec,
-      max: spec.limit && Number.isFinite(limits[spec.limit]) ? limits[spec.limit] : spec.max,
-      value: spec.name in defaults ? defaults[spec.name] : spec.value,
-    }));
+    this.specs = specs;
     const basic = el("div", "params-grid");
     const more = el("details", "params-more");
     const moreGrid = el("div", "params-grid");

@@ -1,11 +1,14 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
 model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart,
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
+`fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
+`health()` reports the loop dead, as StreamingEngine does.
 """
 import queue
 import threading
 import time
 
+from inference import EngineDeadError, EngineHealth
 from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.sequence import RequestMetrics
@@ -28,6 +31,16 @@ class FakeStreamingEngine:
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
+        self.error: str | None = None
+        self.last_step_at: float | None = None
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(self.error is None, self.error, self.last_step_at)
+
+    def fail_loop(self, message: str) -> None:
+        self.error = message
+        for stop in list(self.live.values()):
+            stop.set()
 
     def start(self) -> None:
         pass
@@ -37,7 +50,9 @@ class FakeStreamingEngine:
             stop.set()
 
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None):
-        last = messages[-1]["content"]
+        last = messages[-1]["content"] if messages is not None else prompt
+        if self.error is not None:
+            raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params})
@@ -56,6 +71,7 @@ class FakeStreamingEngine:
             if stop.wait(self.delay):
                 reason = "abort"
                 break
+            self.last_step_at = time.time()
             if metrics.first_token_time is None:
                 metrics.first_token_time = time.perf_counter()
             for i, reply in enumerate(replies):
@@ -65,6 +81,12 @@ class FakeStreamingEngine:
             if all(e == len(r) for e, r in zip(emitted, replies)):
                 reason = "done"
         metrics.finished_time = time.perf_counter()
+        if self.error is not None:  # the loop died: the stream ends with the error, no final output
+            stream.error = self.error
+            stream._queue.put(StreamDelta(stream.request_id, 0, "", [], True, "error"))
+            self.live.pop(stream.request_id, None)
+            stream._queue.put(None)
+            return
         outputs = []
         for i, reply in enumerate(replies):
             finish = "abort" if reason == "abort" else ("length" if len(reply) < full[i] else "stop")

@@ -38,6 +38,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_http(url: str, timeout: float) -> None:
+    """Until `url` answers at all (any HTTP status)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urlopen(url, timeout=5).close()
+            return
+        except OSError as exc:
+            if getattr(exc, "code", None) is not None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer within {timeout} s") from exc
+            time.sleep(0.2)
+
+
 def empty_redis_db() -> int:
     """An unused Redis database number, so tests never meet other users' queues."""
     for db in range(15, 0, -1):
@@ -46,20 +61,66 @@ def empty_redis_db() -> int:
     raise RuntimeError("no empty Redis database to run the end-to-end tests in")
 
 
-class LiveStack:
-    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+class PrivateRedis:
+    """A redis-server of the test's own on a free port from 6390 up (no persistence: a restart is empty),
+    so a test may kill and restart it without touching the shared one."""
+
+    def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.db = empty_redis_db()
+        self.port = next(p for p in range(6390, 6500) if _port_free(p))
+        self.url = f"redis://{REDIS_HOST}:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.workdir / "redis.log", "ab")
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", REDIS_HOST, "--save", "", "--appendonly", "no"],
+            cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(REDIS_HOST, self.port).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: every client's connection breaks at once."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(REDIS_HOST, self.port)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((REDIS_HOST, port)) != 0
+
+
+class LiveStack:
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None,
+                 private_redis: PrivateRedis | None = None) -> None:  # fmt: skip
+        self.workdir = workdir
+        self.private_redis = private_redis
+        self.db = 0 if private_redis else empty_redis_db()
+        redis_url = private_redis.url if private_redis else f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.db}"
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/ws/chat/"
         self.env = {
             **os.environ,
-            "REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.db}",
+            "REDIS_URL": redis_url,
             "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
             "PLAYGROUND_VAR_DIR": str(workdir / "var"),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PLAYGROUND_ALLOW_ANONYMOUS": "1",
+            "SECRET_KEY": "live-stack-test-key",
             "DJANGO_SETTINGS_MODULE": "playground.settings",
             "PYTHONUNBUFFERED": "1",
             **ENGINE_ENV,
@@ -75,14 +136,13 @@ class LiveStack:
     def start_web(self) -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=self.env, check=True,
                        timeout=300)  # fmt: skip
-        self.web = self._spawn(
-            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.port), "playground.asgi:application"], "web.log"
-        )
+        self.web = self._spawn([sys.executable, "manage.py", "web", "--port", str(self.port)], "web.log")
         self.wait(lambda: self.health() is not None, 60, "daphne to serve /healthz")
 
-    def start_worker(self, name: str) -> None:
+    def start_worker(self, name: str, program: list[str] | None = None) -> None:
+        """A Celery GPU worker; `program` replaces the `celery` executable (a fault-injecting wrapper)."""
         self.workers[name] = self._spawn(
-            [str(BIN / "celery"), "-A", "playground", "worker", "-Q", "gpu", "-n", name, "--pool", "threads",
+            [*(program or [str(BIN / "celery")]), "-A", "playground", "worker", "-Q", "gpu", "-n", name, "--pool", "threads",
              "-c", "32", "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO"],
             f"worker-{name}.log",
         )  # fmt: skip
@@ -130,7 +190,8 @@ class LiveStack:
                     process.wait(15)
                 except subprocess.TimeoutExpired:
                     process.kill()
-        redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db).flushdb()
+        if self.private_redis is None:
+            redis.Redis(REDIS_HOST, REDIS_PORT, db=self.db).flushdb()
 
 
 @contextmanager

@@ -7,10 +7,11 @@ from django.conf import settings
 from playground.api.errors import ApiError
 from playground.api.responses import Shape, completion_logprobs, sse
 from playground.api.schema import parse_body, parse_chat, parse_completion
+from playground.serving.web import sampling
 
 MODEL = "smollm2-135m-instruct"
-DEFAULTS = {**settings.PLAYGROUND_SAMPLING_DEFAULTS, "temperature": 1.0}
 LIMITS = settings.PLAYGROUND_LIMITS
+DEFAULTS = sampling.api_defaults(True, LIMITS)
 CHAT = [{"role": "user", "content": "hi"}]
 
 
@@ -87,10 +88,10 @@ def test_completion_prompt_rules():
 
 
 def test_body_parsing_limits():
-    assert parse_body(b'{"a": 1}', 100) == {"a": 1}
-    assert refused(parse_body, raw=b"x" * 10, max_bytes=5).status == 413
-    assert refused(parse_body, raw=b"[1]", max_bytes=100).status == 400
-    assert refused(parse_body, raw=b"\xff", max_bytes=100).status == 400
+    assert parse_body(b'{"a": 1}', LIMITS, 100) == {"a": 1}
+    assert refused(parse_body, raw=b"x" * 10, limits=LIMITS, max_bytes=5).status == 413
+    assert refused(parse_body, raw=b"[1]", limits=LIMITS, max_bytes=100).status == 400
+    assert refused(parse_body, raw=b"\xff", limits=LIMITS, max_bytes=100).status == 400
 
 
 DONE = {

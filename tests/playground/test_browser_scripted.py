@@ -16,7 +16,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.template.loader import render_to_string
+
+from playground.serving.web import sampling
 
 pytest.importorskip("playwright.sync_api")
 
@@ -120,8 +123,9 @@ class HarnessHandler(SimpleHTTPRequestHandler):
         pass
 
 
+LIMITS = {**settings.PLAYGROUND_LIMITS, "max_tokens": 512}
 CHAT_CONFIG = {
-    "ws_path": "/ws/chat/", "sampling_defaults": {"temperature": 0.7, "max_tokens": 256}, "limits": {"max_tokens": 512},
+    "ws_path": "/ws/chat/", "sampling": sampling.page_specs(LIMITS), "limits": LIMITS,
     "user": {"username": "", "is_authenticated": False, "is_staff": False},
     "urls": {"conversations": "/api/conversations/"}, "conversation": None,
 }  # fmt: skip

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from playground.serving.bridge import LoopBridge
-from playground.serving.coalesce import TokenPublisher
-from playground.serving.naming import request_group
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.coalesce import TokenPublisher
+from playground.serving.shared.naming import request_group
 
 
 @dataclass

@@ -52,10 +52,10 @@ def test_dependencies_wait_for_health(compose):
     assert services["worker"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 
-def test_web_migrates_then_serves_with_daphne(compose):
+def test_web_migrates_then_serves_with_the_web_command(compose):
     command = " ".join(compose["services"]["web"]["command"])
-    assert command.index("manage.py migrate") < command.index("daphne")
-    assert "playground.asgi:application" in command
+    assert command.index("manage.py migrate") < command.index("manage.py web")  # daphne, configured (serving/web/server.py)
+    assert "--host 0.0.0.0 --port 8000" in command
     assert "8000:8000" in compose["services"]["web"]["ports"]
 
 

@@ -1,76 +1,20 @@
 """ChatConsumer over `channels.testing.WebsocketCommunicator`, with the real worker runtime, engine service
-and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_engine.py).
-
-The worker side runs as in the embedded mode: its sends go through the test's event loop, and each
-"Celery task" is a thread running `WorkerRuntime.serve`.
+and in-memory channel layer, and a scripted engine in place of the model (tests/playground/fake_worker.py).
 """
 import asyncio
-import contextlib
-import threading
+import json
 import time
 
 import pytest
 from channels.testing import WebsocketCommunicator
-from fake_engine import FakeStreamingEngine
+from fake_worker import ASK, ORIGIN, connect, generate, until_end, worker
 
 from playground.asgi import application
-from playground.chat.models import Conversation
-from playground.serving import dispatch
-from playground.serving.bridge import LoopBridge
-from playground.serving.engine_service import EngineService
-from playground.serving.naming import GPU_QUEUE
-from playground.serving.worker import WorkerRuntime
+from playground.chat.models import Conversation, Message
+from playground.serving.shared.naming import GPU_QUEUE
+from playground.serving.web import dispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://127.0.0.1")
-ASK = [{"role": "user", "content": "hi there"}]
-
-
-@contextlib.asynccontextmanager
-async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
-    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads."""
-    engine = FakeStreamingEngine(delay)
-    service = EngineService({}, engine_factory=lambda **kwargs: engine)
-    runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
-    runtime.start()
-    await asyncio.to_thread(service.wait_ready, 10)
-    submitted: list[dict] = []
-    tasks: list[threading.Thread] = []
-
-    def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
-        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
-        tasks.append(threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt), daemon=True))
-        tasks[-1].start()
-        return GPU_QUEUE
-
-    monkeypatch.setattr(dispatch, "submit", submit)
-    try:
-        yield engine, submitted
-    finally:
-        for task in tasks:  # their last messages go through this test's loop: let them finish while it runs
-            await asyncio.to_thread(task.join, 5)
-        await asyncio.to_thread(runtime.stop)
-
-
-async def connect(headers=(ORIGIN,)) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=list(headers))
-    connected, _ = await communicator.connect(timeout=5)
-    assert connected
-    return communicator
-
-
-async def until_end(communicator: WebsocketCommunicator, timeout: float = 5) -> list[dict]:
-    """Frames up to and including the first done or error."""
-    frames = []
-    while True:
-        frame = await communicator.receive_json_from(timeout=timeout)
-        frames.append(frame)
-        if frame["type"] in ("done", "error"):
-            return frames
-
-
-def generate(messages=ASK, **params) -> dict:
-    return {"type": "generate", "messages": messages, "params": {"temperature": 0, **params}}
 
 
 def run(coro):
@@ -161,22 +105,30 @@ def test_n_samples_stream_side_by_side(monkeypatch):
         ('{"type": "generate", "conversation_id": "7f1c1a8e-0000-4000-8000-000000000000", '
          '"messages": [{"role": "user", "content": "x"}]}', "not found"),
         ('{"type": "generate", "pad": "' + "x" * 70_000 + '"}', "larger than"),
+        # Invalid Unicode (SQLite refused it: "internal server error") and deep nesting (a RecursionError).
+        (json.dumps({"type": "generate", "messages": [{"role": "user", "content": "hi \ud800"}]}),
+         "messages[0].content contains an unpaired surrogate"),
+        (json.dumps({"type": "generate", "messages": [{"role": "user", "content": "a\x00b"}]}),
+         "messages[0].content contains a NUL character"),
+        (json.dumps({"type": "generate", "messages": ASK, "params": {"stop": ["\udc00"]}}), "params.stop[0] contains"),
+        ('{"type": "generate", "pad": ' + "[" * 30_000 + "]" * 30_000 + "}", "deeper than 32 levels"),
     ],
-)
+)  # fmt: skip
 def test_bad_frames_get_an_error_and_the_socket_survives(monkeypatch, frame, needle):
     async def scenario():
-        async with worker(monkeypatch):
+        async with worker(monkeypatch) as (_, submitted):
             ws = await connect()
             await ws.send_to(text_data=frame)
             error = await ws.receive_json_from(timeout=5)
             await ws.send_json_to(generate(max_tokens=4))
             after = await until_end(ws)
             await ws.disconnect()
-            return error, after
+            return error, after, submitted
 
-    error, after = run(scenario())
+    error, after, submitted = run(scenario())
     assert error["type"] == "error" and needle in error["message"] and "request_id" not in error
-    assert after[-1]["type"] == "done"
+    assert after[-1]["type"] == "done" and len(submitted) == 1  # only the good frame reached a worker
+    assert Message.objects.filter(role="user").count() == 1 and Conversation.objects.count() == 1
 
 
 def test_binary_frame_is_refused():
@@ -257,7 +209,7 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
                 f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
-        def submit(request_id, messages, params, preferred_worker="", cache_salt=None):
+        def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None):
             asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
             return GPU_QUEUE
 
@@ -363,7 +315,7 @@ def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
 def test_a_prefork_worker_refuses_to_start():
     from types import SimpleNamespace
 
-    from playground.serving import worker as worker_module
+    from playground.serving.worker import runtime as worker_module
 
     with pytest.raises(SystemExit, match="--pool threads"):
         worker_module._start_runtime(SimpleNamespace(pool_cls="prefork", hostname="w@h"))

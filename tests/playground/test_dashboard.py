@@ -13,8 +13,8 @@ from playground.dashboard import feed, snapshot
 from playground.dashboard.consumers import CLOSE_FORBIDDEN, CLOSE_LOGIN_REQUIRED
 from playground.dashboard.publisher import SnapshotPublisher
 from playground.dashboard.stats import LatencyStats, ThroughputMeter, percentiles
-from playground.serving import registry
-from playground.serving.naming import CONTROL_GROUP
+from playground.serving.shared import registry
+from playground.serving.shared.naming import CONTROL_GROUP
 
 ORIGIN = (b"origin", b"http://127.0.0.1")
 BLOCK_SIZE = 16
@@ -36,19 +36,22 @@ METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4
 
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
-    summary = snapshot.build_summary("w1", METRICS, 12.345, {"requests": 0}, 1000.0)
+    counters, memory = snapshot.KvSampler().sample(METRICS)
+    summary = snapshot.build_summary("w1", counters, 12.345, {"requests": 0}, 1000.0)
     expected_summary = {
         "type": "snapshot",
         "worker": "w1",
         "time": 1000.0,
+        "stamps": {"counters": 1},
         "metrics": {k: v for k, v in METRICS.items() if k not in ("block_map", "sequences")},
         "tokens_per_s": 12.35,
         "latency": {"requests": 0},
     }
     assert summary == expected_summary
-    snap = snapshot.with_block_map(summary, METRICS)
+    snap = snapshot.with_block_map(summary, memory, BLOCK_SIZE)
     assert snap == {
         **expected_summary,
+        "stamps": {"counters": 1, "block_map": 1},
         "block_map": {
             "states": "ssucfu",
             "ref_counts": {"0": 2, "1": 2},  # only where the state does not imply the count
@@ -163,12 +166,36 @@ def test_publisher_builds_full_snapshots_only_while_a_memory_view_holds_a_lease(
     publisher.control({"type": feed.REFRESH, "watch": True})  # a memory view connects
     first = publisher.poll(0.25)
     assert first.full["block_map"]["states"] == "ssucfu" and first.full["requests"][0]["block_table"] == [0, 1, 2]
-    assert {k: v for k, v in first.full.items() if k in first.summary} == first.summary
+    assert {k: v for k, v in first.full.items() if k in first.summary and k != "stamps"} == {
+        k: v for k, v in first.summary.items() if k != "stamps"}
     publisher.control({"type": feed.WATCH})  # renewed while open
     publisher.control({"type": feed.REFRESH})
     assert publisher.poll(20.0).full is not None
     publisher.control({"type": feed.REFRESH})
     assert publisher.poll(20.0 + feed.WATCH_LEASE_S + 0.01).full is None  # closed: no renewal, lease over
+
+
+def test_between_block_map_refreshes_full_snapshots_keep_the_map_with_its_own_tables():
+    """StreamingEngine refreshes its counters every step and the map every ~100 ms, carrying the old map
+    over without `sequences`: the full snapshot failed with a KeyError, logged and dropped."""
+    service = ScriptedService()
+    publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
+    publisher.control({"type": feed.REFRESH, "watch": True})
+    service.figures = METRICS  # a block-map refresh: map and tables of one step
+    fresh = publisher.poll(0.0).full
+    carried = {k: v for k, v in METRICS.items() if k != "sequences"} | {"generation_tokens_total": 11}
+    service.figures = carried  # the next step: new counters, the old map object, no tables
+    between = publisher.poll(0.25).full
+    assert between["stamps"] == {"counters": 2, "block_map": 1}
+    assert between["metrics"]["generation_tokens_total"] == 11
+    assert between["block_map"] == fresh["block_map"] and between["requests"] == fresh["requests"] == SEQUENCES
+    moved = [block("used", 1, ["b"])] + BLOCK_MAP[1:]
+    service.figures = {**carried, "block_map": moved, "generation_tokens_total": 12}  # a map seen without tables
+    still = publisher.poll(0.5).full
+    assert still["stamps"] == {"counters": 3, "block_map": 1} and still["requests"] == SEQUENCES
+    assert still["block_map"] == fresh["block_map"]  # never a map with another step's tables
+    service.figures = {**METRICS, "block_map": moved, "sequences": SEQUENCES[:1], "generation_tokens_total": 13}
+    assert publisher.poll(0.75).full["stamps"] == {"counters": 4, "block_map": 4}
 
 
 # --- access: HTTP ---------------------------------------------------------------------------------------
@@ -232,7 +259,8 @@ def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_leas
         ws, connected, _ = await ws_connect("/ws/memory/", staff)
         assert connected
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH, "watch": True}
-        full = snapshot.with_block_map(snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0), METRICS)
+        counters, memory = snapshot.KvSampler().sample(METRICS)
+        full = snapshot.with_block_map(snapshot.build_summary("w1", counters, 1.0, {}, 1.0), memory, BLOCK_SIZE)
         await layer.group_send(feed.KV_GROUP, {"type": feed.SNAPSHOT, "snapshot": full})
         assert await ws.receive_json_from(timeout=5) == full
         assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.WATCH}
@@ -264,7 +292,7 @@ def test_memory_socket_actions_reach_the_workers(staff):
         for bad, message in [
             ({"type": "abort", "worker": "w1"}, "request_id must be a non-empty string"),
             ({"type": "explode", "worker": "w1"}, "type must be 'abort' or 'reset_prefix_cache'"),
-            ([1, 2], "a frame must be a JSON object"),
+            ([1, 2], "frame must be a JSON object"),
         ]:
             await ws.send_json_to(bad)
             assert await ws.receive_json_from(timeout=5) == {"type": "error", "message": message}
@@ -283,7 +311,7 @@ def test_kv_feed_sends_summaries_to_whoever_may_chat(member):
             assert not connected and code == CLOSE_LOGIN_REQUIRED
             ws, connected, _ = await ws_connect("/ws/kv/", member)
             assert connected
-        summary = snapshot.build_summary("w1", METRICS, 1.0, {}, 1.0)
+        summary = snapshot.build_summary("w1", snapshot.KvSampler().sample(METRICS)[0], 1.0, {}, 1.0)
         await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": summary})
         assert await ws.receive_json_from(timeout=5) == summary
         await ws.send_json_to({"type": "abort", "worker": "w1", "request_id": "r1"})

@@ -12,12 +12,12 @@ import pytest
 from channels.layers import get_channel_layer
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference import EngineArgs, LLMEngine, SamplingParams
+from inference import EngineArgs, EngineHealth, LLMEngine, SamplingParams
 from playground.dashboard import feed
-from playground.serving import registry
-from playground.serving.bridge import LoopBridge
-from playground.serving.engine_service import EngineService
-from playground.serving.worker import WorkerRuntime
+from playground.serving.shared import registry
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.engine_service import EngineService
+from playground.serving.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +40,9 @@ class SteppedEngine:
 
     def metrics(self) -> dict:
         return self.engine.metrics()
+
+    def health(self) -> EngineHealth:
+        return EngineHealth(alive=True, error=None, last_step_at=None)
 
     def reset_prefix_cache(self) -> None:
         self.engine.reset_prefix_cache()

@@ -8,22 +8,22 @@ import pytest
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from test_consumer import ORIGIN, worker
+from fake_worker import ORIGIN, worker
 
 from playground.asgi import application
 from playground.dashboard import feed
 from playground.demo.consumers import may_present, may_watch, parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
-from playground.serving import dispatch
-from playground.serving.params import InvalidInput
+from playground.serving.web import dispatch
+from playground.serving.web.edge import InvalidInput
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @contextlib.asynccontextmanager
 async def demo_worker(monkeypatch, delay: float = 0.002):
-    """test_consumer's fake worker; the demo never sends plain prompts, so its submit needs no `prompt`."""
+    """fake_worker's worker; the demo never sends plain prompts, so its submit needs no `prompt`."""
     async with worker(monkeypatch, delay) as (engine, submitted):
         chat_submit = dispatch.submit
         engine.salts = []  # the cache salt of every request, in order

@@ -1,4 +1,4 @@
-"""Settings from the environment: database URLs, booleans, and the refusal of the dev key without DEBUG."""
+"""Settings from the environment: database URLs, booleans, DEBUG off by default, where the secret key comes from."""
 import os
 import subprocess
 import sys
@@ -51,27 +51,29 @@ def test_env_bool_and_int(monkeypatch):
     assert env_int("PG_TEST_INT", 5) == 5
 
 
-def _load_settings(**env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG"}}
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", "import playground.settings"],
-        cwd=REPO, env=environ, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+def test_debug_is_off_by_default_and_the_secret_key_comes_from_the_environment_or_var(tmp_path):
+    def settings_of(**env: str) -> subprocess.CompletedProcess:
+        environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG", "REDIS_URL"}}
+        code = "import playground.settings as s; print(s.DEBUG, s.SECRET_KEY)"
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
 
-
-def test_dev_secret_key_refused_without_debug():
-    refused = _load_settings(DEBUG="0")
-    assert refused.returncode != 0
-    assert "set SECRET_KEY" in refused.stderr
-    assert _load_settings(DEBUG="0", SECRET_KEY="a-real-secret").returncode == 0
-    assert _load_settings().returncode == 0  # DEBUG defaults on for the embedded developer run
+    var = str(tmp_path / "var")
+    first = settings_of(PLAYGROUND_VAR_DIR=var).stdout.split()
+    assert first[0] == "False" and len(first[1]) >= 50  # a random key, not a public development one
+    assert settings_of(PLAYGROUND_VAR_DIR=var).stdout.split() == first  # kept across restarts
+    assert oct((tmp_path / "var" / "secret_key").stat().st_mode)[-3:] == "600"
+    assert settings_of(PLAYGROUND_VAR_DIR=var, DEBUG="1").stdout.split()[0] == "True"
+    assert settings_of(SECRET_KEY="a-real-secret").stdout.split() == ["False", "a-real-secret"]
+    distributed = settings_of(REDIS_URL="redis://127.0.0.1:6379/0")
+    assert distributed.returncode != 0 and "set SECRET_KEY" in distributed.stderr
 
 
 def test_anonymous_use_defaults_on_only_for_the_one_process_mode():
     def allowed(**env: str) -> str:
         code = "import playground.settings as s; print(s.PLAYGROUND_ALLOW_ANONYMOUS)"
         environ = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "PLAYGROUND_ALLOW_ANONYMOUS"}}
+        env = {"SECRET_KEY": "test-only", **env}
         out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
                              text=True, timeout=60, check=True)  # fmt: skip
         return out.stdout.strip()

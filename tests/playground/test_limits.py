@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
 from django.core.cache import cache
-from test_consumer import connect, generate, until_end, worker
+from fake_worker import connect, generate, until_end, worker
 
 from playground.accounts import limits, salt
 from playground.accounts.models import UserQuota
@@ -67,8 +67,14 @@ def test_cache_salt_is_per_user_and_off_by_default(settings):
     assert salt.cache_salt("user:1") != one  # not guessable from the identity alone
 
 
+def anonymous_limits(settings, per_address: int, tokens_per_minute: int = 0, pool: int = 0) -> None:
+    settings.PLAYGROUND_ANONYMOUS_LIMITS = {"max_concurrent_requests_per_address": per_address,
+                                            "tokens_per_minute_per_address": tokens_per_minute,
+                                            "max_concurrent_requests": pool}  # fmt: skip
+
+
 def test_socket_over_the_concurrency_limit_gets_an_error_event(monkeypatch, settings):
-    settings.PLAYGROUND_USER_LIMITS = {"max_concurrent_requests": 1, "tokens_per_minute": 0}
+    anonymous_limits(settings, per_address=1)
 
     async def scenario():
         async with worker(monkeypatch, delay=0.02):
@@ -92,7 +98,7 @@ def test_socket_over_the_concurrency_limit_gets_an_error_event(monkeypatch, sett
 
 
 def test_socket_over_tokens_per_minute_gets_an_error_event(monkeypatch, settings):
-    settings.PLAYGROUND_USER_LIMITS = {"max_concurrent_requests": 0, "tokens_per_minute": 5}
+    anonymous_limits(settings, per_address=0, tokens_per_minute=5)
 
     async def scenario():
         async with worker(monkeypatch):
@@ -110,8 +116,7 @@ def test_socket_over_tokens_per_minute_gets_an_error_event(monkeypatch, settings
 
 
 def test_finished_and_refused_requests_give_their_slots_back(monkeypatch, settings):
-    settings.PLAYGROUND_USER_LIMITS = {"max_concurrent_requests": 1, "tokens_per_minute": 0}
-    monkeypatch.setattr(limits, "identity", lambda user, session_key="": "session:fixed")
+    anonymous_limits(settings, per_address=1)
 
     async def scenario():
         async with worker(monkeypatch, delay=0.02):
@@ -125,4 +130,4 @@ def test_finished_and_refused_requests_give_their_slots_back(monkeypatch, settin
 
     frames = asyncio.run(scenario())
     assert [f["type"] for f in frames if f["type"] != "token"] == ["started", "error", "done"]
-    assert cache.get("limits:conc:session:fixed") == 0
+    assert cache.get(f"limits:conc:{limits.anonymous_identity('')}") == 0

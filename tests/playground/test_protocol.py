@@ -5,11 +5,13 @@ import uuid
 import pytest
 from django.conf import settings
 
-from playground.chat.protocol import decode_frame, parse_cancel, parse_generate, parse_messages
-from playground.serving.params import InvalidInput, validate_sampling
+from playground.chat.protocol import parse_cancel, parse_generate, parse_messages
+from playground.serving.web import sampling
+from playground.serving.web.edge import InvalidInput, decode_frame
+from playground.serving.web.sampling import validate_sampling
 
-DEFAULTS = settings.PLAYGROUND_SAMPLING_DEFAULTS
 LIMITS = settings.PLAYGROUND_LIMITS
+DEFAULTS = sampling.defaults(LIMITS)
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -116,14 +118,14 @@ def test_unknown_generate_field_is_refused():
 )
 def test_decode_frame_refuses_non_objects(text, needle):
     with pytest.raises(InvalidInput, match=needle):
-        decode_frame(text, 1024)
+        decode_frame(text, {**LIMITS, "max_frame_bytes": 1024})
 
 
 def test_decode_frame_refuses_oversize_frames():
     frame = json.dumps({"type": "generate", "pad": "x" * 2000})
     with pytest.raises(InvalidInput, match="larger than 1024 bytes"):
-        decode_frame(frame, 1024)
-    assert decode_frame(frame, 4096)["type"] == "generate"
+        decode_frame(frame, {**LIMITS, "max_frame_bytes": 1024})
+    assert decode_frame(frame, {**LIMITS, "max_frame_bytes": 4096})["type"] == "generate"
 
 
 def test_cancel_needs_request_id():

@@ -6,7 +6,8 @@ import pytest
 
 from playground.chat import store
 from playground.chat.models import Conversation
-from playground.serving import dispatch, registry
+from playground.serving.web import dispatch
+from playground.serving.shared import registry
 
 pytestmark = pytest.mark.django_db
 
@@ -27,8 +28,9 @@ def test_chat_page_context(client):
     assert list(ctx["conversations"]) == [conversation]
     assert ctx["active_conversation"] is None
     assert ctx["ws_path"] == "/ws/chat/"
-    assert ctx["limits"]["max_tokens"] >= ctx["sampling_defaults"]["max_tokens"]
     config = ctx["chat_config"]
+    specs = {spec["name"]: spec for spec in config["sampling"]}
+    assert specs["max_tokens"]["max"] == ctx["limits"]["max_tokens"] >= specs["max_tokens"]["value"]
     assert config["conversation"] is None and config["user"]["is_authenticated"] is False
     assert config["urls"]["conversations"] == "/api/conversations/"
     assert "chat-config" in response.content.decode()
@@ -122,7 +124,7 @@ def test_healthz_reports_live_workers(client):
 
 
 def test_healthz_is_503_when_the_database_is_down(client, monkeypatch):
-    from playground.serving import views
+    from playground.serving.web import views
 
     monkeypatch.setattr(views, "_database_ok", lambda: False)
     response = client.get("/healthz")
@@ -154,7 +156,7 @@ def test_web_process_never_imports_torch():
 
     code = (
         "import django, os, sys; os.environ['DJANGO_SETTINGS_MODULE'] = 'playground.settings'; django.setup();"
-        "import playground.asgi, playground.urls, playground.serving.tasks, playground.serving.worker;"
+        "import playground.asgi, playground.urls, playground.serving.worker.tasks, playground.serving.worker.runtime;"
         "import playground.serving.management.commands.playground;"
         "print(sorted(m for m in ('torch', 'inference', 'transformers') if m in sys.modules))"
     )

@@ -1,36 +1,47 @@
-"""`python manage.py bench_ws`: websocket delivery vs the bare engine on the embedded stack (see
-playground/serving/bench.py). Prints a markdown table row for BENCHMARKS.md."""
+"""`python manage.py bench_ws`: delivery over websockets (and, with --api-clients, streaming API chats at the
+same time) vs the bare engine on the embedded stack (see playground/serving/tools/bench.py). Checks that every
+delivered text equals the engine's; prints a markdown table row for BENCHMARKS.md."""
 import threading
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from playground.serving import bench, embedded, worker
+from playground.serving.tools import bench
+from playground.api.models import ApiKey
+from playground.serving import embedded
+from playground.serving.web import sampling
+from playground.serving.worker import runtime
 
 LOAD_TIMEOUT_S = 600
 
 
 class Command(BaseCommand):
-    help = "Measure tokens/s and engine-to-client delay through websockets against the bare engine."
+    help = "Measure tokens/s and engine-to-client delay through websockets (and the API) against the bare engine."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--clients", type=int, default=32)
+        parser.add_argument("--clients", type=int, default=32, help="websocket chat clients")
+        parser.add_argument("--api-clients", type=int, default=0, help="streaming API chat clients, at the same time")
         parser.add_argument("--max-tokens", type=int, default=64)
         parser.add_argument("--port", type=int, default=8811)
 
-    def handle(self, *args, clients: int, max_tokens: int, port: int, **options) -> None:
-        if clients < 1 or max_tokens < 1:
-            raise CommandError("--clients and --max-tokens must be at least 1")
+    def handle(self, *args, clients: int, api_clients: int, max_tokens: int, port: int, **options) -> None:
+        if clients < 0 or api_clients < 0 or clients + api_clients < 1 or max_tokens < 1:
+            raise CommandError("give at least one client; --max-tokens must be at least 1")
         call_command("migrate", interactive=False, verbosity=0)
-        params = {**settings.PLAYGROUND_SAMPLING_DEFAULTS, "temperature": 0.0, "max_tokens": max_tokens}
+        # One benchmarking client opens every stream: per-user and per-address limits would refuse most.
+        settings.PLAYGROUND_USER_LIMITS = {**settings.PLAYGROUND_USER_LIMITS, "max_concurrent_requests": 0}
+        settings.PLAYGROUND_ANONYMOUS_LIMITS = {key: 0 for key in settings.PLAYGROUND_ANONYMOUS_LIMITS}
+        _, api_key = ApiKey.objects.issue(get_user_model().objects.get_or_create(username="bench_ws")[0], "bench")
+        params = {**sampling.defaults(settings.PLAYGROUND_LIMITS), "temperature": 0.0, "max_tokens": max_tokens}
         outcome: dict = {}
 
         def measure() -> None:
             try:
-                service = worker.current().service
+                service = runtime.current().service
                 engine = service.wait_ready(LOAD_TIMEOUT_S)
-                chats = bench.workload(clients)
+                chats = bench.workload(clients + api_clients)
                 warm_up = [[{"role": "user", "content": "Hello!"}]]
                 bench.run_bare(service, warm_up, {**params, "max_tokens": 4})
                 engine.reset_prefix_cache()  # both runs start cold: the same prompts must not hit the cache
@@ -38,11 +49,17 @@ class Command(BaseCommand):
                 engine.reset_prefix_cache()
                 recorder = bench.FinalsRecorder(service)
                 url = f"http://127.0.0.1:{port}"
-                web, results = bench.run_web(f"ws://127.0.0.1:{port}/ws/chat/", url, chats, params)
-                delays = bench.delivery_delays(results, recorder.finals, engine.tokenizer)
-                outcome["report"] = bench.report(
-                    clients, max_tokens, bare, web, delays, settings.PLAYGROUND_COALESCE_MS
-                )
+                who = bench.Clients(f"ws://127.0.0.1:{port}/ws/chat/", url, chats[:clients], url, api_key,
+                                    settings.PLAYGROUND_ENGINE["model"], chats[clients:])  # fmt: skip
+                web, results = bench.run_web(who, params)
+                wrong = bench.mismatched_texts(results, recorder.finals)
+                if wrong:
+                    raise RuntimeError(f"{len(wrong)} of {len(results)} delivered texts differ from the engine's")
+                delays = {kind: bench.delivery_delays([r for r in results if r.kind == kind], recorder.finals,
+                                                      engine.tokenizer) for kind in ("ws", "api")}  # fmt: skip
+                outcome["report"] = bench.report(clients, api_clients, max_tokens, bare, web, delays,
+                                                 settings.PLAYGROUND_COALESCE_MS)  # fmt: skip
+                outcome["report"] += f"\n\nall {len(results)} delivered texts equal the engine's"
             except Exception as exc:
                 outcome["error"] = exc
             finally:

@@ -8,8 +8,8 @@ from channels.layers import get_channel_layer
 
 from playground.celery import app as celery_app
 
-from . import registry
-from .naming import CONTROL_GROUP, GPU_QUEUE, TASK_NAME, worker_queue
+from ..shared import registry
+from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, TASK_NAME, worker_queue
 
 
 def choose_queue(preferred_worker: str) -> str:

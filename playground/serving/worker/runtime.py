@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -30,11 +31,12 @@ from django.conf import settings
 
 from playground.dashboard.publisher import SnapshotPublisher
 
-from . import registry
+from ..shared import registry
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
-from .naming import CONTROL_GROUP, request_group, worker_queue
+from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, request_group, worker_queue
+from ..shared.retry import once_more
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,8 @@ class WorkerRuntime:
         self.service = service
         self.bridge = bridge
         self._lock = threading.Lock()
-        self._live: set[str] = set()
+        self._live: set[str] = set()  # requests in the engine (abortable)
+        self._serving: set[str] = set()  # from before `gen.accepted` until after `gen.done` / `gen.error`
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
         self._abort_listener: Future | None = None
@@ -87,12 +90,16 @@ class WorkerRuntime:
         gc.unfreeze()  # let the interpreter's last collection free them (triton's bindings report leaks otherwise)
 
     def heartbeat(self) -> dict[str, Any]:
+        with self._lock:
+            serving = sorted(self._serving)
         return {
             "name": self.name,
             "queue": self.queue,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "state": self.service.state,
+            "health": self.service.health(),
+            "requests": serving,  # the web side tells a lost reply from a slow one by this
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
             "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
@@ -100,12 +107,26 @@ class WorkerRuntime:
 
     def _heartbeat_loop(self) -> None:
         interval = settings.PLAYGROUND_HEARTBEAT_INTERVAL
+        consuming = True
         while not self._stopping.is_set():
             try:
-                registry.beat(self.heartbeat())
+                beat = self.heartbeat()
+                registry.beat(beat)
+                if consuming and beat["state"] == "failed":
+                    consuming = False
+                    self._stop_consuming(beat["health"]["error"])
             except Exception:
                 logger.exception("heartbeat failed")
             self._stopping.wait(interval)
+
+    def _stop_consuming(self, why: str | None) -> None:
+        """The engine cannot serve: take no more tasks, so they go to healthy workers. (Tasks already
+        delivered are refused at once with "unavailable"; the heartbeat keeps telling everyone why.)"""
+        from playground.celery import app
+
+        logger.error("engine unhealthy (%s): no longer consuming %s and %s", why, GPU_QUEUE, self.queue)
+        for queue in (GPU_QUEUE, self.queue):
+            app.control.cancel_consumer(queue, destination=[self.name])
 
     async def _listen_for_aborts(self) -> None:
         """Serve `gen.abort` messages of the control group for the worker's life, surviving layer errors."""
@@ -158,9 +179,20 @@ class WorkerRuntime:
         layer = get_channel_layer()
 
         def send(message: dict[str, Any]) -> None:
-            self.bridge.call(layer.group_send(group, {"request_id": request_id, **message}), SEND_TIMEOUT_S)
+            body = {"request_id": request_id, **message}
+            self.bridge.call(once_more(lambda: layer.group_send(group, body)), SEND_TIMEOUT_S)
 
-        send({"type": "gen.accepted", "worker": self.name})
+        with self._lock:
+            self._serving.add(request_id)
+        try:
+            send({"type": "gen.accepted", "worker": self.name})
+            self._run(request_id, messages, params, cache_salt, prompt, send)
+        finally:
+            with self._lock:
+                self._serving.discard(request_id)
+
+    def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
+             cache_salt: str | None, prompt: str | None, send: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
         try:
             self.service.wait_ready(LOAD_TIMEOUT_S)
             with self._lock:

@@ -7,7 +7,7 @@ from django.views.decorators.http import require_GET
 
 from playground.celery import app as celery_app
 
-from . import registry
+from ..shared import registry
 
 BROKER_TIMEOUT_S = 2.0
 

@@ -26,7 +26,8 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 
 from .bridge import LoopBridge
-from .naming import request_group
+from ..shared.naming import request_group
+from ..shared.retry import once_more
 
 POLL_S = 0.005
 SEND_TIMEOUT_S = 10.0
@@ -152,7 +153,7 @@ class TokenPublisher:
             if request.pending:
                 message = {"type": "gen.tokens", "request_id": request.request_id, "chunks": request.take_chunks()}
                 async with asyncio.timeout(SEND_TIMEOUT_S):
-                    await group_send(request_group(request.request_id), message)
+                    await once_more(lambda: group_send(request_group(request.request_id), message))
                 request.last_send = now
             if request.ended:
                 request.finished.set_result(request.seq)

@@ -51,16 +51,30 @@ class EngineService:
 
     @property
     def state(self) -> str:
-        """'loading', 'ready' or 'failed'."""
+        """'loading', 'ready' or 'failed' (the model did not load, the engine is shut down, or its loop
+        thread died or failed: `health()` says why)."""
         if not self._loaded.is_set():
             return "loading"
-        return "ready" if self._engine is not None else "failed"
+        return "ready" if self.health()["alive"] else "failed"
+
+    def health(self) -> dict[str, Any]:
+        """The engine loop's health as the heartbeat carries it: {"alive", "error", "last_step_at"}."""
+        engine = self._engine
+        if engine is None:
+            error = self._error or ("the model is still loading" if not self._loaded.is_set() else "engine shut down")
+            return {"alive": False, "error": error, "last_step_at": None}
+        health = engine.health()
+        return {"alive": health.alive, "error": health.error, "last_step_at": health.last_step_at}
 
     def wait_ready(self, timeout: float | None = None) -> StreamingEngine:
+        """The engine once loaded and healthy; raises EngineUnavailable otherwise (after `timeout` s loading)."""
         if not self._loaded.wait(timeout):
             raise EngineUnavailable("the model is still loading")
         if self._engine is None:
             raise EngineUnavailable(f"the model failed to load: {self._error or 'engine shut down'}")
+        health = self.health()
+        if not health["alive"]:
+            raise EngineUnavailable(f"the engine loop failed: {health['error']}")
         return self._engine
 
     def shutdown(self) -> None:
@@ -78,13 +92,16 @@ class EngineService:
         prompt: str | None = None,
     ) -> RequestStream:
         """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None);
-        raises ValueError (nothing queued) when the engine refuses it."""
-        from inference import SamplingParams
+        raises ValueError (nothing queued) when the engine refuses it, EngineUnavailable when it cannot serve."""
+        from inference import EngineDeadError, SamplingParams
 
         engine = self.wait_ready(0)
-        return engine.add_request(
-            prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
-        )
+        try:
+            return engine.add_request(
+                prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
+            )
+        except EngineDeadError as exc:  # the loop died since wait_ready looked
+            raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
 
     def result(self, stream: RequestStream) -> dict[str, Any]:
         """The `done` payload of a stream that has ended: outputs, usage and timing (docs/protocol.md).

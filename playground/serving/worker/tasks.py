@@ -3,8 +3,8 @@ from typing import Any
 
 from celery import shared_task
 
-from . import worker
-from .naming import TASK_NAME
+from . import runtime
+from ..shared.naming import TASK_NAME
 
 
 @shared_task(name=TASK_NAME, ignore_result=True)
@@ -17,4 +17,4 @@ def generate(
 ) -> None:
     """Blocks this task thread until the request ends; tokens flow through the channel layer, not here.
     A chat request gives `messages`; a plain completion (the OpenAI API's /v1/completions) gives `prompt`."""
-    worker.current().serve(request_id, messages, params, cache_salt, prompt)
+    runtime.current().serve(request_id, messages, params, cache_salt, prompt)

@@ -1,0 +1,1 @@
+"""Measurement tools (run by management commands), not part of serving a request."""

@@ -1,0 +1,230 @@
+"""Websocket streaming benchmark on the embedded stack: does the web path keep up with the engine?
+
+Two runs of one greedy workload (N chats at once) on the same in-process engine:
+  bare: the engine's streams read directly, no Celery, no channel layer, no websocket;
+  web:  N websocket clients through the consumer, Celery task, coalescing and the channel layer.
+The web run's clients are asyncio clients in a separate process, as browsers would be: in the server's
+process they would take its GIL from the engine and the web path being measured.
+Reported: tokens/s of each, their ratio, and the delay from the engine emitting a token to a client
+receiving it (the engine's per-token times come from the finished requests, text offsets from the
+tokenizer; both processes read `perf_counter`, which on Linux is the system-wide CLOCK_MONOTONIC).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import statistics
+import threading
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import connect
+
+from ..worker.engine_service import EngineService
+
+TOPICS = (
+    "the sea", "a lighthouse", "autumn leaves", "a lost key", "mountains", "a city at night", "rain", "a robot",
+    "coffee", "the moon", "a library", "trains", "winter", "a garden", "the desert", "a violin",
+)  # fmt: skip
+
+
+def workload(clients: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"Write a short poem about {TOPICS[i % len(TOPICS)]}. ({i})"}]
+            for i in range(clients)]  # fmt: skip
+
+
+@dataclass
+class Run:
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, Any]) -> Run:
+    """All chats at once straight into the engine; each stream drained by its own thread."""
+    counts: list[int] = []
+
+    def drain(chat: list[dict]) -> None:
+        stream = service.submit(uuid.uuid4().hex, chat, params)
+        while stream.get() is not None:
+            pass
+        counts.append(sum(len(o.token_ids) for o in stream.final.outputs))
+
+    threads = [threading.Thread(target=drain, args=(chat,)) for chat in chats]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return Run(sum(counts), time.perf_counter() - start)
+
+
+class FinalsRecorder:
+    """Keeps each finished request's engine output (token ids and per-token times) as the worker ends it."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.finals: dict[str, Any] = {}
+        original = service.result
+
+        def result(stream):
+            self.finals[stream.request_id] = stream.final
+            return original(stream)
+
+        service.result = result
+
+
+@dataclass
+class Delivery:
+    """What one client received: (receive time, text length so far) per text frame or chunk, the text."""
+
+    kind: str  # "ws" or "api"
+    request_id: str
+    received: list[tuple[float, int]]
+    completion_tokens: int
+    text: str
+
+
+async def _ws_client(ws_url: str, origin: str, chat: list[dict], params: dict) -> Delivery:
+    """One websocket chat client, through the consumer."""
+    async with connect(ws_url, origin=origin, proxy=None, open_timeout=60, max_queue=None) as ws:
+        await ws.send(json.dumps({"type": "generate", "messages": chat, "params": params}))
+        received: list[tuple[float, int]] = []
+        text = ""
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame["type"] == "token":
+                text += frame["text"]
+                received.append((time.perf_counter(), len(text)))
+            elif frame["type"] == "done":
+                return Delivery("ws", frame["request_id"], received, frame["usage"]["completion_tokens"], text)
+            elif frame["type"] == "error":
+                raise RuntimeError(f"generation failed: {frame['message']}")
+
+
+async def _api_client(api_url: str, api_key: str, model: str, chat: list[dict], params: dict) -> Delivery:
+    """One streaming client of POST /v1/chat/completions (server-sent events over HTTP/1.1, chunked)."""
+    host, _, port = api_url.removeprefix("http://").partition(":")
+    body = json.dumps({"model": model, "messages": chat, "stream": True, "stream_options": {"include_usage": True},
+                       **params}).encode()  # fmt: skip
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {api_key}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                 + body)  # fmt: skip
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise RuntimeError(f"API request failed: {status!r} {await reader.read(500)!r}")
+    while await reader.readline() not in (b"\r\n", b""):  # headers
+        pass
+    received: list[tuple[float, int]] = []
+    text, request_id, completion_tokens, pending = "", "", 0, b""
+    while size := int((await reader.readline()).strip() or b"0", 16):  # chunked transfer encoding
+        pending += await reader.readexactly(size)
+        await reader.readexactly(2)
+        while b"\n\n" in pending:
+            event, pending = pending.split(b"\n\n", 1)
+            data = event.decode().removeprefix("data: ")
+            if data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"generation failed: {chunk['error']['message']}")
+            request_id = chunk["id"].removeprefix("chatcmpl-")
+            if chunk.get("usage"):
+                completion_tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content"):
+                    text += choice["delta"]["content"]
+                    received.append((time.perf_counter(), len(text)))
+    writer.close()
+    return Delivery("api", request_id, received, completion_tokens, text)
+
+
+@dataclass(frozen=True)
+class Clients:
+    """Who connects in the web run: websocket chats and, at the same time, streaming API chats."""
+
+    ws_url: str
+    origin: str
+    ws_chats: list[list[dict]]
+    api_url: str = ""
+    api_key: str = ""
+    model: str = ""
+    api_chats: list[list[dict]] = field(default_factory=list)
+
+
+def _clients(clients: Clients, params: dict) -> tuple[float, list[Delivery]]:
+    """Every client at once (in the clients' process); returns the seconds until the last one finished."""
+
+    async def everyone():
+        return await asyncio.gather(
+            *(_ws_client(clients.ws_url, clients.origin, chat, params) for chat in clients.ws_chats),
+            *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
+        )  # fmt: skip
+
+    start = time.perf_counter()
+    results = asyncio.run(everyone())
+    return time.perf_counter() - start, results
+
+
+def run_web(clients: Clients, params: dict) -> tuple[Run, list[Delivery]]:
+    """The web run, its clients in a fresh process (spawned: forking this one, with the engine's and the
+    server's threads, could copy a lock some thread holds)."""
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        seconds, results = pool.submit(_clients, clients, params).result()
+    return Run(sum(r.completion_tokens for r in results), seconds), results
+
+
+def delivery_delays(results: list[Delivery], finals: dict[str, Any], tokenizer) -> list[float]:
+    """Seconds from each token's engine time to the arrival of the frame completing its text."""
+    delays = []
+    for result in results:
+        output = finals[result.request_id].outputs[0]
+        times = finals[result.request_id].metrics.token_times
+        previous = 0
+        for k, emitted_at in enumerate(times):
+            end = len(tokenizer.decode(output.token_ids[: k + 1], skip_special_tokens=True))
+            if end <= previous:  # a token with no text of its own (EOS, a partial character)
+                continue
+            previous = end
+            arrival = next((t for t, length in result.received if length >= end), None)
+            if arrival is not None:
+                delays.append(arrival - emitted_at)
+    return delays
+
+
+def mismatched_texts(results: list[Delivery], finals: dict[str, Any]) -> list[str]:
+    """Request ids whose delivered text differs from the engine's final text."""
+    return [r.request_id for r in results if r.text != finals[r.request_id].outputs[0].text]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: Run,
+           delays: dict[str, list[float]], coalesce_ms: int) -> str:  # fmt: skip
+    """A markdown table row: throughput of both runs, and the engine-to-client delay per kind of client."""
+    ratio = web.tokens_per_s / bare.tokens_per_s
+    every = [d for kind in delays.values() for d in kind]
+
+    def p(values: list[float], q: int) -> str:
+        return f"{percentile(values, q) * 1000:.1f} ms" if values else "-"
+
+    return "\n".join([
+        "| websocket clients | API clients | max_tokens | bare engine tok/s | delivered tok/s | ratio "
+        "| websocket delay p50 / p99 | API delay p50 / p99 | all p99 | coalesce |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| {ws_clients} | {api_clients} | {max_tokens} | {bare.tokens_per_s:.1f} ({bare.tokens} tok / {bare.seconds:.1f} s) "
+        f"| {web.tokens_per_s:.1f} ({web.tokens} tok / {web.seconds:.1f} s) | {ratio:.1%} "
+        f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
+        f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
+    ])  # fmt: skip

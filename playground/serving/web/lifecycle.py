@@ -1,0 +1,280 @@
+"""The one request lifecycle of the web side, used by the chat socket, the OpenAI API and the demo alike:
+
+    admit (limits) -> start (listen, submit) -> updates (stream) -> finish / abort / fail -> close (release)
+
+`admit()` takes the user's concurrency slot and returns a `Generation`; from then on the slot is given back
+by `Generation.close()`, which runs on every path (use `async with generation:`): finished, cancelled,
+failed, or any exception anywhere after admission (the channel layer's `group_add` failing after a Redis
+restart, a database error, the client going away). `close()` never raises and is idempotent.
+
+Worker events reach the request on a channel-layer channel of its own (group `req.<id>`), read by one
+receiver task that puts them into the request's `Collector` (vLLM's RequestOutputCollector): text that
+arrives while the reader is busy is merged per sample, and the reader is woken by an event, not by polling.
+While nothing arrives the reader checks once per CHECK_INTERVAL_S that the request can still finish
+(`liveness`): worker alive and healthy, reply not lost, deadline not passed. So every accepted request
+ends with its reply or a `GenerationFailed`, within `PLAYGROUND_REQUEST_DEADLINE_S` at the latest.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from ..shared.naming import request_group
+from ..shared.retry import once_more
+from . import dispatch, liveness
+
+logger = logging.getLogger(__name__)
+
+REAPER_GRACE_S = 5.0
+
+
+class GenerationFailed(RuntimeError):
+    """The request could not be served; `code` says whose fault: "invalid_request" (the client's: e.g. a
+    prompt too long for the model), "unavailable", "timeout" or "server_error"."""
+
+    def __init__(self, message: str, code: str = "server_error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Slot(Protocol):
+    """A concurrency slot (playground.accounts.limits.Admission); blocking calls, run off the event loop."""
+
+    def release(self) -> None: ...
+
+    def record(self, tokens: int) -> None: ...
+
+
+class _NoSlot:
+    """For callers without limits (the demo's simulated users)."""
+
+    def release(self) -> None:
+        pass
+
+    def record(self, tokens: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation: a chat transcript (`messages`) or a plain `prompt`, with SamplingParams kwargs."""
+
+    params: dict[str, Any]
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    cache_salt: str | None = None
+    preferred_worker: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a Job needs exactly one of messages and prompt")
+
+
+Chunk = dict[str, Any]  # {"index", "seq", "text"}
+
+
+@dataclass
+class Update:
+    """What the reader gets at once: the text that arrived since its last look (one chunk per sample, `seq`
+    counting this request's chunks from 0 without gaps), and the worker's `gen.done` event once it ended."""
+
+    chunks: list[Chunk]
+    done: dict[str, Any] | None = None
+
+
+@dataclass(eq=False)
+class Collector:
+    """The worker's events of one request, merged for a reader that may lag (touched on one event loop)."""
+
+    worker: str = ""  # set by `gen.accepted`
+    _text: dict[int, list[str]] = field(default_factory=dict)
+    _seq: int = 0  # the next chunk's number, as the reader sees them
+    _worker_seq: int = 0  # the next chunk number expected from the worker; lower ones were seen already
+    _done: dict[str, Any] | None = None
+    _failure: GenerationFailed | None = None
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "gen.accepted":
+            self.worker = event["worker"]
+        elif kind == "gen.tokens":
+            for chunk in event["chunks"]:
+                if chunk["seq"] < self._worker_seq:  # a retried send delivered twice
+                    continue
+                self._worker_seq = chunk["seq"] + 1
+                self._text.setdefault(chunk["index"], []).append(chunk["text"])
+        elif kind == "gen.done":
+            self._done = event
+        elif kind == "gen.error":
+            self.fail(GenerationFailed(event["message"], event.get("code", "server_error")))
+            return
+        self._ready.set()
+
+    def fail(self, failure: GenerationFailed) -> None:
+        if self._failure is None and self._done is None:
+            self._failure = failure
+        self._ready.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done is not None
+
+    @property
+    def ended(self) -> bool:
+        return self._done is not None or self._failure is not None
+
+    async def take(self, timeout: float) -> Update | None:
+        """Everything new, waiting up to `timeout` seconds for something; None if nothing came. Raises the
+        request's GenerationFailed once it failed (text not yet taken is dropped with it)."""
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except TimeoutError:
+                return None
+        self._ready.clear()
+        if self._failure is not None:
+            raise self._failure
+        chunks = [{"index": i, "seq": self._seq + k, "text": "".join(parts)}
+                  for k, (i, parts) in enumerate(sorted(self._text.items()))]  # fmt: skip
+        self._seq += len(chunks)
+        self._text.clear()
+        return Update(chunks, self._done)
+
+
+async def admit(take_slot: Callable[[], Slot] | None = None) -> Generation:
+    """Take a slot (`take_slot` runs in a thread and may raise LimitExceeded) and start a lifecycle."""
+    slot = _NoSlot() if take_slot is None else await sync_to_async(take_slot, thread_sensitive=False)()
+    return Generation(slot)
+
+
+class Generation:
+    """One request on the web side, from its admission to its release. Not reusable."""
+
+    def __init__(self, slot: Slot) -> None:
+        self.request_id = uuid.uuid4().hex
+        self.collector = Collector()
+        self.progress = liveness.Progress(deadline=time.monotonic() + settings.PLAYGROUND_REQUEST_DEADLINE_S)
+        self._slot = slot
+        self._layer = get_channel_layer()
+        self._channel: str | None = None
+        self._receiver: asyncio.Task | None = None
+        self._tokens = 0
+        self._closing: asyncio.Future | None = None
+        # The last resort, for a caller that never reaches close() (a streamed response nobody iterated):
+        # shortly after the deadline, whatever happened, the slot is given back.
+        self._reaper = asyncio.get_running_loop().call_later(
+            settings.PLAYGROUND_REQUEST_DEADLINE_S + REAPER_GRACE_S, self._reap
+        )
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- start and stream ----------------------------------------------------------------------------
+    async def start(self, job: Job) -> None:
+        """Listen on the request's group, then queue the task; raises GenerationFailed("unavailable") when
+        the channel layer or the broker cannot be reached."""
+        try:
+            self._channel = await self._layer.new_channel("gen.")
+            await once_more(lambda: self._layer.group_add(request_group(self.request_id), self._channel))
+        except Exception as exc:
+            logger.exception("channel layer failed for request %s", self.request_id)
+            raise GenerationFailed("the server lost its channel layer (Redis); try again", "unavailable") from exc
+        self._receiver = asyncio.create_task(self._receive())
+        try:
+            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
+                self.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt
+            )
+        except Exception as exc:
+            logger.exception("could not queue request %s", self.request_id)
+            raise GenerationFailed("could not queue the request: the task broker is unavailable",
+                                   "unavailable") from exc  # fmt: skip
+
+    async def _receive(self) -> None:
+        """Feed the collector until the request ends; a channel-layer failure fails the request."""
+        try:
+            while not self.collector.ended:
+                self.collector.put(await self._layer.receive(self._channel))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("lost the channel layer while serving request %s", self.request_id)
+            self.collector.fail(GenerationFailed("the server lost its channel layer (Redis) mid-reply",
+                                                 "unavailable"))  # fmt: skip
+
+    async def updates(self) -> AsyncIterator[Update]:
+        """The request's updates until the one carrying `done`; raises GenerationFailed instead of the
+        worker's `gen.error`, and when the request can no longer finish (liveness)."""
+        while True:
+            update = await self.collector.take(liveness.CHECK_INTERVAL_S)
+            problem = self.progress.past_deadline()  # checked while text flows too
+            if update is None and problem is None:
+                try:
+                    problem = await liveness.problem_with(self.progress, self.collector.worker, self.request_id)
+                except Exception:  # the registry is unreachable: judge again next round (the deadline holds)
+                    logger.exception("could not check on request %s", self.request_id)
+            if problem is not None:
+                message, code = problem
+                self.collector.fail(GenerationFailed(message, code))
+                continue
+            if update is None:
+                continue
+            if not update.chunks and update.done is None:  # `gen.accepted`: nothing to show
+                continue
+            if update.done is not None:
+                usage = update.done["usage"]
+                self._tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+            yield update
+            if update.done is not None:
+                return
+
+    async def cancel(self) -> None:
+        """Ask the worker to abort; the request still ends with its `done` (finish_reason "abort")."""
+        await dispatch.abort(self.request_id)
+
+    # --- the end -------------------------------------------------------------------------------------
+    def _reap(self) -> None:
+        self._closing = asyncio.ensure_future(self._close())
+
+    async def close(self) -> None:
+        """Abort the request if unfinished, stop listening, give the slot back and count the tokens used.
+        Every step is attempted whatever the others did; nothing raises. The work runs in a task of its own
+        that the caller's cancellation does not interrupt (a socket closing while its request ends)."""
+        if self._closing is None:
+            self._reaper.cancel()
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+        if self._channel is not None:
+            if not self.collector.finished:
+                await _quietly(dispatch.abort(self.request_id), "abort", self.request_id)
+            await _quietly(self._layer.group_discard(request_group(self.request_id), self._channel), "leave group",
+                           self.request_id)  # fmt: skip
+
+        def settle() -> None:
+            self._slot.release()
+            self._slot.record(self._tokens)
+
+        await _quietly(sync_to_async(settle, thread_sensitive=False)(), "release the slot of", self.request_id)
+
+
+async def _quietly(step: Any, what: str, request_id: str) -> None:
+    try:
+        await step
+    except Exception:
+        logger.exception("could not %s request %s", what, request_id)

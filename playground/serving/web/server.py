@@ -1,0 +1,40 @@
+"""daphne, configured once for every way the playground serves HTTP and websockets (`manage.py web`, and the
+embedded `manage.py playground`).
+
+Websocket frames: the consumers answer a frame over `max_frame_bytes` with an error frame (edge.py). Frames
+far larger (over twice that) are refused by autobahn, before they are buffered, with a close frame 1009
+("message too big") and its reason. autobahn's default, `failByDrop`, would instead drop the TCP connection
+with no close frame at all: the client could not tell why.
+"""
+from collections.abc import Callable
+
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.conf import settings
+
+
+def hard_frame_cap() -> int:
+    """Bytes of the largest websocket message daphne accepts at all."""
+    return settings.PLAYGROUND_LIMITS["max_frame_bytes"] * 2
+
+
+def build(host: str, port: int, on_ready: Callable[[], None], proxy_headers: bool = False) -> Server:
+    """A daphne server for the playground's ASGI application; run it with `.run()` (blocks)."""
+    from playground.asgi import application
+
+    def ready() -> None:
+        # The factory exists once run() is called and takes connections only after this returns.
+        server.ws_factory.setProtocolOptions(failByDrop=False)
+        on_ready()
+
+    server = Server(
+        application,
+        endpoints=build_endpoint_description_strings(host=host, port=port),
+        ready_callable=ready,
+        websocket_max_message_size=hard_frame_cap(),
+        proxy_forwarded_address_header="X-Forwarded-For" if proxy_headers else None,
+        proxy_forwarded_port_header="X-Forwarded-Port" if proxy_headers else None,
+        proxy_forwarded_proto_header="X-Forwarded-Proto" if proxy_headers else None,
+        verbosity=0,
+    )
+    return server

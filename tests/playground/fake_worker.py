@@ -1,0 +1,71 @@
+"""The worker side for consumer, limits, demo and fault tests without a model: the real worker runtime,
+engine service and in-memory channel layer around a FakeStreamingEngine (fake_engine.py), run as in the
+embedded mode (its sends go through the test's event loop; each "Celery task" is a thread running
+`WorkerRuntime.serve`), plus websocket helpers for /ws/chat/.
+"""
+import asyncio
+import contextlib
+import threading
+
+from channels.testing import WebsocketCommunicator
+from fake_engine import FakeStreamingEngine
+
+from playground.asgi import application
+from playground.serving.shared.naming import GPU_QUEUE
+from playground.serving.web import dispatch
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.engine_service import EngineService
+from playground.serving.worker.runtime import WorkerRuntime
+
+ORIGIN = (b"origin", b"http://127.0.0.1")
+ASK = [{"role": "user", "content": "hi there"}]
+
+
+@contextlib.asynccontextmanager
+async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
+    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads."""
+    engine = FakeStreamingEngine(delay)
+    service = EngineService({}, engine_factory=lambda **kwargs: engine)
+    runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
+    runtime.start()
+    await asyncio.to_thread(service.wait_ready, 10)
+    submitted: list[dict] = []
+    tasks: list[threading.Thread] = []
+
+    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None):
+        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
+        tasks.append(threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt, prompt),
+                                      daemon=True))  # fmt: skip
+        tasks[-1].start()
+        return GPU_QUEUE
+
+    monkeypatch.setattr(dispatch, "submit", submit)
+    try:
+        yield engine, submitted
+    finally:
+        for task in tasks:  # their last messages go through this test's loop: let them finish while it runs
+            await asyncio.to_thread(task.join, 5)
+        await asyncio.to_thread(runtime.stop)
+
+
+async def connect(headers=(ORIGIN,)) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, "/ws/chat/", headers=list(headers))
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected
+    return communicator
+
+
+async def until_end(communicator: WebsocketCommunicator, timeout: float = 5) -> list[dict]:
+    """Frames up to and including the first done or error."""
+    frames = []
+    while True:
+        frame = await communicator.receive_json_from(timeout=timeout)
+        frames.append(frame)
+        if frame["type"] in ("done", "error"):
+            return frames
+
+
+def generate(messages=ASK, **params) -> dict:
+    return {"type": "generate", "messages": messages, "params": {"temperature": 0, **params}}
+
+
