@@ -20,6 +20,7 @@ class Generate:
     conversation_id: uuid.UUID | None
     messages: list[dict[str, str]]
     params: dict[str, Any]
+    model: str | None = None  # the base model or a LoRA adapter's name (serving.web.models); None: base
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, s
 
 
 def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate:
-    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params"})
+    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params", "model"})
     if unknown:
         raise InvalidInput(f"unknown field(s) in generate: {', '.join(unknown)}")
     raw_id = frame.get("conversation_id")
@@ -67,10 +68,14 @@ def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits
             conversation_id = None
         if conversation_id is None:
             raise InvalidInput("conversation_id must be a UUID string or null")
+    model = frame.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidInput("model must be a model name (string) or absent")
     return Generate(
         conversation_id=conversation_id,
         messages=parse_messages(frame.get("messages"), limits),
         params=validate_sampling(frame.get("params"), defaults, limits),
+        model=model,
     )
 
 
