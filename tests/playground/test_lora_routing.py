@@ -110,3 +110,11 @@ def test_a_worker_without_the_adapter_refuses_it_as_a_bad_request(monkeypatch):
     frames, after = asyncio.run(scenario())
     assert frames[-1]["type"] == "error" and "unknown LoRA adapter 'sql-lora'" in frames[-1]["message"]
     assert after[-1]["type"] == "done"  # the worker keeps serving
+
+
+@pytest.mark.parametrize("modules, listed", [({}, [BASE]), (MODULES, [BASE, "sql-lora", "poem-lora"])])
+def test_chat_page_offers_the_served_models(client, settings, modules, listed):
+    settings.PLAYGROUND_LORA_MODULES = modules
+    response = client.get("/")
+    assert response.context["chat_config"]["models"] == listed
+    assert 'id="model-picker"' in response.content.decode()  # shown by main.js when there is a choice
