@@ -17,6 +17,10 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024**2
 class EngineArgs:
     """Everything `LLM(...)` accepts; names and meanings follow vLLM's offline API.
 
+    `quantization` (None, "int8", "int4", "gguf", "awq", "gptq") picks how weights are stored; left unset it
+    is read from the checkpoint (see `inference.quantization`). `quantization_group_size` (32 or 64) is the
+    group of "int4" quantized at load; `dtype` stays the activation dtype.
+
     The KV pool is sized, in order of precedence, by `num_kv_blocks`, by `kv_cache_memory` (bytes), or on
     CUDA by `gpu_memory_utilization` (share of the device's memory the whole process may use); on CPU the
     default is 512 MiB.
@@ -35,6 +39,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     seed: int = 0
     attention_backend: str | None = None
+    quantization: str | None = None
+    quantization_group_size: int = 32
     # Multi-LoRA (vLLM's names): adapters in device slots at once, their largest rank, adapters kept on the
     # host (default: max_loras).
     enable_lora: bool = False

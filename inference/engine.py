@@ -361,6 +361,9 @@ class LLMEngine:
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "evictions_total": pool.num_evictions,
             "cow_copies_total": self.block_manager.num_cow_copies,
+            "weight_bytes": self.runner.weight_bytes,
+            "kv_pool_bytes": self.runner.kv_pool_bytes,
+            "quantization": self.runner.quantization_name,
         }
         if block_map:
             # Block tables are snapshotted here, in the engine's thread, so they agree with the block map.

@@ -15,10 +15,12 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
-from inference.linear import FloatWeight, Linear, LinearWeight, VocabEmbedding
+from inference.linear import Linear, LinearWeight, VocabEmbedding
+from inference.quantization import QuantizationConfig, linear_weight
+from inference.quantization.weights import Int4Codes
+from inference.weight_files import read_weights
 
 
 @dataclass
@@ -199,55 +201,52 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
 
-def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
-    """Build the model and fill it from the folder's safetensors, fusing q/k/v and gate/up."""
+def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
+               quant: QuantizationConfig | None = None) -> LlamaForCausalLM:
+    """Build the model and fill it from the folder's weights (or `quant`'s GGUF), fusing q/k/v and gate/up.
+
+    Each layer's weight is stored as `quant` says (`inference.quantization.linear_weight`); float by default.
+    """
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model.to_empty(device=device)
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
+    weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads)
+    source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
 
-    weights: dict[str, torch.Tensor] = {}
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} holds no *.safetensors weights")
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                weights[name.removeprefix("model.")] = f.get_tensor(name)
-
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> torch.Tensor | Int4Codes:
         try:
             return weights.pop(name)
         except KeyError:
-            raise ValueError(f"{folder}: weight {name!r} is missing; is this a Llama-family model?") from None
+            raise ValueError(f"{source}: weight {name!r} is missing; is this a Llama-family model?") from None
 
-    def weight(*names: str) -> LinearWeight:
+    def weight(*names: str, embedding: bool = False) -> LinearWeight:
         """The layer weight fused from `names` (in output order), on the model's device."""
-        return FloatWeight(torch.cat([take(name) for name in names]).to(device))
+        return linear_weight(quant, [take(name) for name in names], embedding, device, dtype)
 
     def linear(module: Linear, name: str, *sources: str, bias: torch.Tensor | None = None) -> None:
         """Install the weight fused from `sources` (in output order); a shape error names the layer."""
         try:
             module.load(weight(*sources), bias)
         except ValueError as exc:
-            raise ValueError(f"{folder}: {name}: {exc}") from None
+            raise ValueError(f"{source}: {name}: {exc}") from None
 
     def norm(module: RMSNorm, name: str) -> None:
         value = take(name + ".weight")
         if module.weight.shape != value.shape:
-            raise ValueError(f"{folder}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
+            raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
         module.weight.data.copy_(value)
 
     try:
-        model.embed_tokens.load(weight("embed_tokens.weight"))
+        model.embed_tokens.load(weight("embed_tokens.weight", embedding=True))
     except ValueError as exc:
-        raise ValueError(f"{folder}: embed_tokens: {exc}") from None
+        raise ValueError(f"{source}: embed_tokens: {exc}") from None
     norm(model.norm, "norm")
     if cfg.tie_word_embeddings:
         model.lm_head.load(model.embed_tokens.weight)
     else:
-        linear(model.lm_head, "lm_head", "lm_head.weight")
+        linear(model.lm_head, "lm_head", "lm_head.weight")  # untied: a linear layer like the others
     for i, layer in enumerate(model.layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
         bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]) if cfg.attention_bias else None
@@ -259,5 +258,5 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaF
         norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
     leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]
     if leftover:
-        raise ValueError(f"{folder}: weights this Llama-family loader does not use: {leftover[:5]}")
+        raise ValueError(f"{source}: weights this Llama-family loader does not use: {leftover[:5]}")
     return model.to(dtype).eval()

@@ -58,6 +58,18 @@ def resolve_model(model: str) -> Path:
     return path
 
 
+def find_gguf(model: str, folder: Path) -> Path | None:
+    """The GGUF file holding `model`'s quantized weights, if any: a built-in model's bundled file, or the one
+    `.gguf` file in a local folder (a folder with several is ambiguous and an error)."""
+    if model in BUILTIN_MODELS:
+        return _gguf_location(*BUILTIN_MODELS[model])
+    found = sorted(folder.glob("*.gguf"))
+    if len(found) > 1:
+        raise ModelNotFoundError(f"{folder} holds several GGUF files ({', '.join(f.name for f in found)}); "
+                                 "keep one per model folder")
+    return found[0] if found else None
+
+
 def _gguf_location(package: str, filename: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:

@@ -16,6 +16,8 @@ import kernels
 from inference.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from inference.lora_slots import LoRAManager
 from inference.model import AttentionMetadata, ModelConfig, load_model
+from inference.model_loader import find_gguf
+from inference.quantization import resolve_quantization
 from inference.scheduler import ScheduledSeq
 
 
@@ -25,12 +27,22 @@ def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
+def resident_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weights (parameters and buffers, a tied table counted once), RoPE tables excluded."""
+    buffers = (t for name, t in model.named_buffers() if not name.startswith("rope."))
+    tensors = {id(t): t for t in (*model.parameters(), *buffers)}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 class ModelRunner:
     def __init__(self, args: EngineArgs, folder: Path) -> None:
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.block_size = args.block_size
-        self.model = load_model(folder, self.device, self.dtype)
+        self.quantization = resolve_quantization(
+            args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
+        self.model = load_model(folder, self.device, self.dtype, self.quantization)
+        self.weight_bytes = resident_bytes(self.model)
         self.cfg = self.model.cfg
         if args.max_model_len > self.cfg.max_position_embeddings:
             raise ValueError(
@@ -47,6 +59,14 @@ class ModelRunner:
         ]
         self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
                                  self.dtype) if args.enable_lora else None)
+        self.kv_pool_bytes = self.num_blocks * kv_block_bytes(self.cfg, self.block_size, self.dtype)
+
+    @property
+    def quantization_name(self) -> str:
+        """The weights' method as users name it: "float32"/"bfloat16"/... for float weights, else the method."""
+        if self.quantization is None:
+            return str(self.dtype).removeprefix("torch.")
+        return self.quantization.method
 
     def _num_blocks(self, args: EngineArgs) -> int:
         per_block = kv_block_bytes(self.cfg, self.block_size, self.dtype)

@@ -186,6 +186,12 @@ PLAYGROUND_KV_SNAPSHOT_MS = env_int("PLAYGROUND_KV_SNAPSHOT_MS", 250, minimum=50
 # Demo mode: at most this many simulated users per run.
 PLAYGROUND_DEMO_MAX_USERS = env_int("PLAYGROUND_DEMO_MAX_USERS", 32, minimum=1)
 
+# Weight format of every GPU worker's model (inference.quantization): unset for float weights.
+PLAYGROUND_QUANTIZATION = os.environ.get("PLAYGROUND_QUANTIZATION", "").strip().lower() or None
+if PLAYGROUND_QUANTIZATION not in (None, "int8", "int4", "gguf", "awq", "gptq"):
+    raise ImproperlyConfigured(f"PLAYGROUND_QUANTIZATION={PLAYGROUND_QUANTIZATION!r}: use int8, int4, gguf, awq, gptq "
+                               "or leave it unset")
+
 # Keyword arguments for inference.StreamingEngine in every GPU worker.
 PLAYGROUND_ENGINE = {
     "model": os.environ.get("PLAYGROUND_MODEL", "smollm2-135m-instruct"),
@@ -196,6 +202,7 @@ PLAYGROUND_ENGINE = {
     "num_kv_blocks": env_int("ENGINE_NUM_KV_BLOCKS", None, minimum=1),
     "enable_prefix_caching": env_bool("ENGINE_PREFIX_CACHING", True),
     "seed": env_int("ENGINE_SEED", 0),
+    "quantization": PLAYGROUND_QUANTIZATION,
 }
 # LoRA adapters served beside the base model (vLLM's --lora-modules): PLAYGROUND_LORA_MODULES=name=path,...
 # A request selects one with `model: "<name>"` (API) or the chat page's model picker.

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from inference.bench import experiments, plots, report, roofline, workloads
+from inference.bench import experiments, plots, quantization, report, roofline, workloads
 from inference.bench.engines import hf_continuous, hf_static, llamacpp, ours
 from inference.bench.engines.base import EngineRun, RunConfig
 from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp")
-EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long")
+EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long", "quantization")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
 SHARED_PREFIX_RATE = {"full": 1.0, "quick": 4.0}
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_engines(chat, config, args.engine_list, progress, stages, result)
     result["ratios"] = report.ratios(result["engines"])
     result["fixed_budget"] = experiments.fixed_budget(chat, config, runs)
-    run_experiments(args, mode, config, tokenizer, progress, stages, result)
+    run_experiments(args, mode, config, tokenizer, progress, stages, result, chat)
     result["targets"] = [t.__dict__ for t in report.targets(result)]
     if args.plot:
         result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
@@ -214,10 +214,16 @@ def _save(path: Path | None, result: dict[str, Any], stages: Stages, began: floa
 
 
 def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any, progress: bool,
-                    stages: Stages, out: dict[str, Any]) -> None:
-    """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the
-    roof), each added to `out` as soon as it is done."""
+                    stages: Stages, out: dict[str, Any], chat: workloads.Workload) -> None:
+    """Roofline, prefix caching on/off, n=4 sharing, beam sharing, long prompts (ours, plus HF for the
+    roof) and the weight formats on the chat workload, each added to `out` as soon as it is done."""
     todo = args.experiment_list
+    if "quantization" in todo:
+        with stages.time("quantization"):
+            if mode is QUICK:  # the smoke run checks the column's plumbing on two formats
+                out["quantization"] = quantization.measure(chat, config, ("fp32", "int4"), 8, progress)
+            else:
+                out["quantization"] = quantization.measure(chat, config, progress=progress)
     if "roofline" in todo:
         with stages.time("roofline"):
             hf_model = hf_static.load_model(config) if "hf_static" in args.engine_list else None

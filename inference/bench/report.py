@@ -97,7 +97,7 @@ def _at_most(issue: int, what: str, value: float | None, goal: float) -> Target:
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
-    """Every target of issues 2, 4 and 8 that this run's result can speak to."""
+    """Every target of issues 2, 4, 8 and 14 that this run's result can speak to."""
     r = result.get("ratios", {})
     engines = result.get("engines", {})
     tput = {peer: v["output_tokens_per_s"] for peer, v in r.items()}
@@ -107,6 +107,13 @@ def targets(result: dict[str, Any]) -> list[Target]:
     parallel = result.get("parallel_sharing", {})
     budget = result.get("fixed_budget", {})
     util = engines.get("ours", {}).get("kv_slot_utilization_avg")
+    quant = result.get("quantization", {}).get("variants", {})
+
+    def quant_ratio(key: str, num: str, den: str) -> float | None:
+        if num not in quant or den not in quant:
+            return None
+        return quant[num][key] / quant[den][key]
+
     return [
         _at_least(2, "output tok/s, ours / HF static", tput.get("hf_static"), 2),
         _at_least(8, "output tok/s, ours / HF static, rows reserve max_model_len (seeds' baseline, same KV budget)",
@@ -127,6 +134,11 @@ def targets(result: dict[str, Any]) -> list[Target]:
         _at_most(4, "n=4: peak KV blocks shared / unshared", parallel.get("peak_blocks_ratio"), 0.40),
         _at_least(4, "beam width 4: KV blocks saved by sharing, step average (paper: 0.37-0.55)",
                   result.get("beam_sharing", {}).get("blocks_saved_avg"), 0.37),
+        _at_most(14, "int4 resident weights / float32's", quant_ratio("weight_mib", "int4", "fp32"), 0.30),
+        _at_least(14, "int4 decode at batch 1 / our float32", quant_ratio("decode_batch1_tok_s", "int4", "fp32"), 2),
+        _at_least(14, "GGUF Q4_1 decode at batch 1 / our float32",
+                  quant_ratio("decode_batch1_tok_s", "gguf-q4_1", "fp32"), 2),
+        _at_least(14, "int4 chat tok/s (64 requests) / bfloat16", quant_ratio("chat_output_tok_s", "int4", "bf16"), 1),
     ]
 
 
@@ -169,6 +181,8 @@ def text_report(result: dict[str, Any]) -> str:
             ["figure", "with sharing", "without (sum of ref counts)"],
             [["peak KV blocks", str(beam["peak_blocks_shared"]), str(beam["peak_blocks_unshared"])],
              ["blocks saved", f"at peak {beam['blocks_saved_at_peak']:.2f}", f"step average {beam['blocks_saved_avg']:.2f}"]]))
+    if "quantization" in result:
+        parts.append(quantization_section(result["quantization"]))
     if "long" in result:
         parts.append("### long prompts (near max_model_len), ours\n" + engines_table({"ours": result["long"]}))
     parts.append("### targets\n" + targets_table(result))
@@ -185,6 +199,18 @@ def fixed_budget_section(budget: dict[str, Any]) -> str:
     return (f"### fixed KV budget ({budget['kv_budget_tokens']} token slots)\n"
             + markdown_table(["policy", "sequences held at once"], rows) + "\n\n"
             + markdown_table(["engine", "max concurrent (measured)", "tok/s"], measured))
+
+
+def quantization_section(quant: dict[str, Any]) -> str:
+    variants = quant["variants"]
+    fp32 = variants.get("fp32")
+    rows = [[name, r["dtype"], f"{r['weight_mib']:.1f}", fmt(r["weight_mib"] / fp32["weight_mib"], "{:.0%}"),
+             f"{r['chat_output_tok_s']:.1f}", f"{r['ttft_p50_s'] * 1000:.0f}", f"{r['decode_batch1_tok_s']:.1f}",
+             fmt(r["decode_batch1_tok_s"] / fp32["decode_batch1_tok_s"], "{:.2f}"),
+             f"{r['argmax_agreement_vs_fp32']:.1%}", f"{r['mean_kl_vs_fp32']:.4f}"] for name, r in variants.items()]
+    header = ["weights", "activations", "resident MiB", "of fp32", "chat tok/s", "TTFT p50 ms", "decode b=1 tok/s",
+              "b=1 / fp32", f"argmax = fp32 ({quant['text_tokens']} tokens)", "mean KL vs fp32"]
+    return "### quantization (one engine per weight format, same chat workload)\n" + markdown_table(header, rows)
 
 
 def roofline_section(roof: dict[str, Any]) -> str:

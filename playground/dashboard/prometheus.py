@@ -32,6 +32,8 @@ GAUGES = [
     ("playground:num_blocks_cached", "Unreferenced blocks kept for prefix-cache hits (evictable).",
      "num_blocks_cached"),
     ("playground:num_blocks_free", "Physical KV blocks neither used nor cached.", "num_blocks_free"),
+    ("playground:weight_bytes", "Resident bytes of the model's weights (smaller when quantized).", "weight_bytes"),
+    ("playground:kv_pool_bytes", "Bytes of the KV block pool.", "kv_pool_bytes"),
 ]  # fmt: skip
 
 # Counters: the exposed sample is the name plus "_total".

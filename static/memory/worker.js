@@ -50,6 +50,12 @@ export class WorkerCard {
     for (const [state, n] of Object.entries(counts)) this.q(`[data-count="${state}"]`).textContent = String(n);
 
     const m = snapshot.metrics ?? {};
+    // What quantization bought: the weights' bytes beside the KV pool's.
+    if (m.weight_bytes != null) {
+      const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+      this.q(".worker-weights").textContent =
+        `${m.quantization ?? "float"} weights ${mib(m.weight_bytes)} · KV pool ${mib(m.kv_pool_bytes ?? 0)}`;
+    }
     const requests = snapshot.requests ?? [];
     const blockSize = m.block_size ?? 16;
     renderReservation(this.q(".reservation"), {

@@ -32,7 +32,8 @@ def engine_metrics(scale: int) -> dict:
         "num_requests_waiting": scale, "num_preemptions_total": 7 * scale, "prompt_tokens_total": 1000 * scale,
         "generation_tokens_total": 500 * scale, "prefix_cache_queries_total": 800 * scale,
         "prefix_cache_hits_total": 320 * scale, "prefix_cache_hit_rate": 0.4, "evictions_total": 4 * scale,
-        "cow_copies_total": 6 * scale,
+        "cow_copies_total": 6 * scale, "weight_bytes": 94_000_000 * scale, "kv_pool_bytes": 48_000_000 * scale,
+        "quantization": "int4",
     }  # fmt: skip
 
 

@@ -25,9 +25,10 @@ _CUMULATIVE = ("num_preemptions_total", "prefix_cache_queries_total", "prefix_ca
                "prompt_tokens_total", "cow_copies_total")
 
 
-def make_engine(config: RunConfig, enable_prefix_caching: bool = True) -> LLMEngine:
+def make_engine(config: RunConfig, enable_prefix_caching: bool = True,
+                quantization: str | None = None) -> LLMEngine:
     """An engine with exactly the shared KV budget (kv_budget_tokens / block_size blocks), warmed up."""
-    llm = LLM(
+    llm = LLM(quantization=quantization,
         model=str(config.model_path), device="cpu", dtype=config.dtype, block_size=config.block_size,
         num_kv_blocks=config.kv_budget_tokens // config.block_size, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,

@@ -1,0 +1,99 @@
+"""The quantization experiment: one column per weight format (fp32, bf16, int8, int4, the bundled GGUF Q4_1).
+
+For each: resident weight MiB (the engine's own `weight_bytes`), the chat workload's output tok/s and TTFT
+(its 64 requests are the batch-64 throughput), decode tok/s of one sequence alone (batch 1), and, against
+float32 on one fixed text fed token by token as a prompt, the share of positions whose argmax agrees and
+the mean KL(float32 || variant) of the next-token distributions. Quantized variants run bfloat16
+activations, the fast path of torch's CPU int4/int8 kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from inference import LLMEngine, SamplingParams
+from inference.bench.engines import ours
+from inference.bench.engines.base import RunConfig
+from inference.bench.workloads import Workload
+from inference.model import AttentionMetadata
+
+# name -> (quantization, activation dtype)
+VARIANTS: dict[str, tuple[str | None, str]] = {
+    "fp32": (None, "float32"),
+    "bf16": (None, "bfloat16"),
+    "int8": ("int8", "bfloat16"),
+    "int4": ("int4", "bfloat16"),
+    "gguf-q4_1": ("gguf", "bfloat16"),
+}
+FIXED_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type, oil-based ink and a wooden screw press into a system that could produce books far "
+    "faster than scribes. Within fifty years presses were running in more than two hundred cities across "
+    "Europe, and the price of a book fell so far that ordinary merchants could own several. Literacy spread, "
+    "scientific results could be checked against identical copies, and vernacular languages gained a "
+    "standard written form. Historians still argue about how much of the Reformation, the scientific "
+    "revolution and the rise of newspapers the press caused, and how much it merely accelerated."
+)
+DECODE_TOKENS = 48
+
+
+def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VARIANTS),
+            decode_tokens: int = DECODE_TOKENS, progress: bool = False) -> dict[str, Any]:
+    """The variants `names` on the same chat workload, decode and fixed text; float32 runs first (the
+    reference) whether named or not."""
+    rows: dict[str, dict[str, Any]] = {}
+    reference: torch.Tensor | None = None
+    for name in ["fp32", *(n for n in names if n != "fp32")]:
+        quantization, dtype = VARIANTS[name]
+        engine = ours.make_engine(dataclasses.replace(config, dtype=dtype), quantization=quantization)
+        log_probs = text_log_probs(engine)
+        if reference is None:
+            reference = log_probs
+        figures = ours.run(chat, config, engine=engine, progress=progress).figures(config)
+        rows[name] = {
+            "quantization": quantization, "dtype": dtype,
+            "weight_mib": engine.metrics(block_map=False)["weight_bytes"] / 2**20,
+            "chat_output_tok_s": figures["output_tokens_per_s"], "ttft_p50_s": figures["ttft_p50_s"],
+            "decode_batch1_tok_s": decode_batch1_tok_s(engine, decode_tokens),
+            "argmax_agreement_vs_fp32": (log_probs.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+            "mean_kl_vs_fp32": (reference.exp() * (reference - log_probs)).sum(-1).mean().item(),
+        }
+        del engine
+    return {"text_tokens": int(reference.shape[0]), "decode_tokens": decode_tokens, "variants": rows,
+            "chat_requests": len(chat.requests)}
+
+
+def text_log_probs(engine: LLMEngine) -> torch.Tensor:
+    """float32 next-token log-probs at every position of FIXED_TEXT, from one prefill of a fresh engine.
+
+    The engine must be idle with nothing cached: the text's K/V go into blocks 0, 1, ... directly.
+    """
+    runner = engine.runner
+    ids = engine.tokenizer.encode(FIXED_TEXT, add_special_tokens=False)
+    n, bs = len(ids), runner.block_size
+    blocks = list(range(-(-n // bs)))
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n, device=runner.device),
+        block_tables=torch.tensor([blocks], dtype=torch.int32, device=runner.device),
+        context_lens=torch.tensor([n], dtype=torch.int32, device=runner.device),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=runner.device),
+        is_decode=False,
+    )
+    ids_t = torch.tensor(ids, device=runner.device)
+    hidden = runner.model(ids_t, torch.arange(n, device=runner.device), runner.kv_caches, meta, runner.ops)
+    return torch.log_softmax(runner.model.compute_logits(hidden)[:-1], dim=-1)
+
+
+def decode_batch1_tok_s(engine: LLMEngine, tokens: int) -> float:
+    """Decode rate of one sequence alone: tokens after the first, over the time after the first."""
+    engine.add_request("decode-batch1", {"prompt_token_ids": list(range(2000, 2032))},
+                       SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    engine.step()  # prefill and the first token
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return (tokens - 1) / (time.perf_counter() - start)

@@ -1,0 +1,172 @@
+"""Quantized `LinearWeight`s (int8 per output row, int4 per group of inputs) and how float weights become them.
+
+Every int4 source (our own quantizer, GGUF Q4_0/Q4_1 blocks, AWQ and GPTQ packs) is first brought into
+one device-independent form, `Int4Codes`: codes 0..15 with a float32 scale and zero per (row, group), so
+that `w = (code - 8) * scale + zero`. `Int4Weight` then packs those codes for the kernel the device and
+activation dtype will run:
+
+- CPU, bfloat16 activations: torch's `_weight_int4pack_mm_for_cpu` (its fast path; codes in torch's packing).
+- CPU, other dtypes: `kernels.int4_reference` (de-quantise one layer, one dense matmul: the oracle path).
+- CUDA: the Triton dequant-GEMM `kernels.int4_triton`.
+
+int8 is symmetric per output row (`w = code * scale`), run by torch's `_weight_int8pack_mm` for 16-bit
+activations and by a de-quantise-then-matmul for float32 (whose `_weight_int8pack_mm` path is far slower).
+No path ever keeps a float copy of a weight resident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from inference.linear import LinearWeight
+from kernels import int4_reference
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
+
+
+@dataclass
+class Int4Codes:
+    """A `[N, K]` int4 weight before packing: `w[n, k] = (codes[n, k] - 8) * scales[n, g] + zeros[n, g]`.
+
+    codes uint8 `[N, K]` in 0..15; scales and zeros float32 `[N, K // group_size]`, `g = k // group_size`.
+    `input_perm` (GPTQ act-order): the layer computes `x[:, input_perm] @ W.T`, i.e. column j of this
+    weight multiplies input `input_perm[j]`.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    group_size: int
+    input_perm: torch.Tensor | None = None
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight in the input order (act-order undone)."""
+        n, k = self.codes.shape
+        grouped = self.codes.view(n, k // self.group_size, self.group_size).float() - 8
+        w = (grouped * self.scales.unsqueeze(-1) + self.zeros.unsqueeze(-1)).view(n, k)
+        if self.input_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.input_perm] = w
+        return out
+
+    @staticmethod
+    def cat(parts: list[Int4Codes]) -> Int4Codes:
+        """Fuse parts along the output rows (q/k/v, gate/up); they must share group size and input order."""
+        first = parts[0]
+        for part in parts[1:]:
+            if part.group_size != first.group_size:
+                raise ValueError(f"fused parts have group sizes {first.group_size} and {part.group_size}")
+            same_perm = (part.input_perm is None and first.input_perm is None) or (
+                part.input_perm is not None and first.input_perm is not None
+                and torch.equal(part.input_perm, first.input_perm))
+            if not same_perm:
+                raise ValueError("fused parts have different act-order (g_idx) input permutations")
+        return Int4Codes(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
+                         torch.cat([p.zeros for p in parts]), first.group_size, first.input_perm)
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> Int4Codes:
+    """Asymmetric min/max int4 per group of `group_size` inputs (the step is (max - min) / 15)."""
+    n, k = weight.shape
+    check_group_size(k, group_size)
+    groups = weight.float().view(n, k // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = ((groups - low.unsqueeze(-1)) / scales.unsqueeze(-1)).round().clamp(0, 15)
+    # Our zero is the weight value of code 8: low + 8 * scale.
+    return Int4Codes(codes.to(torch.uint8).view(n, k), scales, low + 8 * scales, group_size)
+
+
+def check_group_size(in_features: int, group_size: int) -> None:
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+    if in_features % group_size:
+        raise ValueError(f"group size {group_size} does not divide the layer's {in_features} inputs")
+
+
+class Int4Weight(LinearWeight):
+    """Group-wise int4 codes packed for this device's kernel, with `[K // G, N, 2]` scales and zeros."""
+
+    def __init__(self, codes: Int4Codes, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.codes.shape
+        self.group_size = codes.group_size
+        self.torch_cpu_kernel = device.type == "cpu" and dtype == torch.bfloat16
+        if self.torch_cpu_kernel and self.out_features % 16:
+            raise ValueError(f"torch's CPU int4 kernel needs a multiple of 16 output rows, got {self.out_features}")
+        if device.type == "cuda":
+            from kernels import int4_triton  # noqa: F401  (fails here, at load, when Triton is missing)
+        if self.torch_cpu_kernel:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 2)
+        else:
+            packed = int4_reference.pack_codes(codes.codes)
+        self.register_buffer("packed", packed.to(device))
+        scales_zeros = torch.stack([codes.scales.t(), codes.zeros.t()], dim=-1)
+        self.register_buffer("scales_zeros", scales_zeros.to(device, dtype).contiguous())
+        perm = codes.input_perm
+        self.register_buffer("input_perm", None if perm is None else perm.to(device))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_perm is not None:
+            x = x[..., self.input_perm]
+        shape = x.shape
+        x = x.reshape(-1, self.in_features)
+        if self.torch_cpu_kernel:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
+        elif x.is_cuda:
+            from kernels import int4_triton
+
+            y = int4_triton.int4_matmul(x, self.packed, self.scales_zeros, self.group_size)
+        else:
+            y = int4_reference.int4_matmul(x, self.packed, self.scales_zeros, self.group_size)
+        return y.view(*shape[:-1], self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        if self.torch_cpu_kernel:
+            # torch's packing is private to its kernel: read the weight back by multiplying the identity.
+            eye = torch.eye(self.in_features, device=self.packed.device)
+            w = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                eye, self.packed, self.group_size, self.scales_zeros.float()).t()
+        else:
+            w = int4_reference.dequantize_int4(self.packed, self.scales_zeros, self.group_size, torch.float32)
+        if self.input_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.input_perm] = w
+        return out
+
+
+class Int8Weight(LinearWeight):
+    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", codes.to(device, torch.int8))
+        self.register_buffer("scales", scales.to(device, dtype))
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Int8Weight:
+        """Round to the nearest of 255 levels spanning each row's largest magnitude."""
+        weight = weight.float()
+        scales = (weight.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        codes = (weight / scales.unsqueeze(-1)).round().clamp(-127, 127)
+        return cls(codes, scales, device, dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
+            shape = x.shape
+            y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
+            return y.view(*shape[:-1], self.out_features)
+        # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
+        return F.linear(x, self.codes.to(x.dtype)) * self.scales
+
+    def dequantize(self) -> torch.Tensor:
+        return self.codes.float() * self.scales.float().unsqueeze(-1)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.codes[ids].to(self.scales.dtype) * self.scales[ids].unsqueeze(-1)

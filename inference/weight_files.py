@@ -1,0 +1,63 @@
+"""A model's weights as one `name -> tensor` map under HF names (without the "model." prefix), whatever file
+they come from: a folder's safetensors (float; or AWQ / GPTQ packs, unpacked to `Int4Codes` under the
+layer's `.weight` name) or a GGUF file. `load_model` then only fuses and installs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from inference.quantization import QuantizationConfig
+from inference.quantization.gguf_file import read_gguf
+from inference.quantization.packed_int4 import unpack_awq, unpack_gptq
+from inference.quantization.weights import Int4Codes
+
+PACK_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def read_weights(folder: Path, quant: QuantizationConfig | None, num_layers: int, hidden_size: int,
+                 num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor | Int4Codes]:
+    if quant is not None and quant.method == "gguf":
+        return read_gguf(quant.gguf_file, num_layers, hidden_size, num_heads, num_kv_heads)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} holds no *.safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                weights[name.removeprefix("model.")] = f.get_tensor(name)
+                origin[name.removeprefix("model.")] = file
+    if quant is not None and quant.method in ("awq", "gptq"):
+        return _unpack(weights, origin, quant)
+    return weights
+
+
+def _unpack(weights: dict[str, torch.Tensor], origin: dict[str, Path],
+            quant: QuantizationConfig) -> dict[str, torch.Tensor | Int4Codes]:
+    """Replace each layer's qweight/qzeros/scales(/g_idx) by its `Int4Codes` under `<layer>.weight`."""
+    out: dict[str, torch.Tensor | Int4Codes] = {}
+    layers = [name.removesuffix(".qweight") for name in weights if name.endswith(".qweight")]
+    for layer in layers:
+        where = f"{origin[layer + '.qweight']}: tensor {layer + '.qweight'!r}"
+        missing = [s for s in ("qzeros", "scales") if f"{layer}.{s}" not in weights]
+        if missing:
+            raise ValueError(f"{where}: its {', '.join(missing)} is missing")
+        pack = {s: weights.pop(f"{layer}.{s}") for s in PACK_SUFFIXES if f"{layer}.{s}" in weights}
+        try:
+            if quant.method == "awq":
+                codes = unpack_awq(pack["qweight"], pack["qzeros"], pack["scales"], quant.group_size)
+            else:
+                codes = unpack_gptq(pack["qweight"], pack["qzeros"], pack["scales"], pack.get("g_idx"),
+                                    quant.group_size, quant.zero_offset)
+        except ValueError as exc:
+            raise ValueError(f"{where} ({quant.method.upper()}, group size {quant.group_size}): {exc}") from None
+        out[layer + ".weight"] = codes
+    if not layers:
+        raise ValueError(f"{next(iter(origin.values()))}: a {quant.method.upper()} checkpoint without any "
+                         "packed (qweight) tensor")
+    return {**weights, **out}
