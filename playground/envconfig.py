@@ -45,6 +45,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_lora_modules(name: str, base_model: str) -> dict[str, str]:
+    """Read vLLM's --lora-modules as ``name=path,name=path``: adapter name -> PEFT folder, in order."""
+    modules: dict[str, str] = {}
+    for item in env_list(name, []):
+        adapter, sep, path = (part.strip() for part in item.partition("="))
+        if not sep or not adapter or not path:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not name=path")
+        if adapter in modules or adapter == base_model:
+            raise ImproperlyConfigured(f"{name}: the name {adapter!r} is taken (adapter names are unique and "
+                                       "differ from the base model's)")
+        modules[adapter] = path
+    return modules
+
+
 def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:
     """Turn DATABASE_URL (``sqlite:///path`` or ``postgres://user:pass@host:port/name``) into a DATABASES entry."""
     if not url:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .envconfig import database_from_url, env_bool, env_int, env_list, secret_key_file
+from .envconfig import database_from_url, env_bool, env_int, env_list, env_lora_modules, secret_key_file
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
@@ -205,6 +205,12 @@ PLAYGROUND_ENGINE = {
     "seed": env_int("ENGINE_SEED", 0),
     "quantization": PLAYGROUND_QUANTIZATION,
 }
+# LoRA adapters served beside the base model (vLLM's --lora-modules): PLAYGROUND_LORA_MODULES=name=path,...
+# A request selects one with `model: "<name>"` (API) or the chat page's model picker.
+PLAYGROUND_LORA_MODULES = env_lora_modules("PLAYGROUND_LORA_MODULES", PLAYGROUND_ENGINE["model"])
+if PLAYGROUND_LORA_MODULES:
+    PLAYGROUND_ENGINE.update(enable_lora=True, max_loras=env_int("ENGINE_MAX_LORAS", 4, minimum=1),
+                             max_lora_rank=env_int("ENGINE_MAX_LORA_RANK", 64, minimum=1))
 
 # Streaming and liveness timings (seconds unless named _ms).
 # The lab's sandboxes (playground.serving.worker.lab_host): per worker, and closed after this long unused.

@@ -5,7 +5,7 @@ both front doors accept the same ranges and enforce the same server caps. Anythi
 or out of range raises `ApiError` (HTTP 400) naming the field.
 """
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,12 +75,13 @@ def _int_or_none(body: Mapping[str, Any], name: str, low: int, high: int) -> int
     return value
 
 
-def _model(body: Mapping[str, Any], served: str) -> str:
+def _model(body: Mapping[str, Any], served: Sequence[str]) -> str:
+    """The requested model: one of `served` (the base model and the LoRA adapters), else a 404."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required (see GET /v1/models)", param="model")
-    if model != served:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served!r}",
+    if model not in served:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(served)}",
                        param="model", code="model_not_found")  # fmt: skip
     return model
 
@@ -133,11 +134,11 @@ def _chat_messages(raw: Any, limits: Mapping[str, int]) -> list[dict[str, str]]:
         raise ApiError(400, str(exc), param="messages") from None
 
 
-def parse_chat(body: Mapping[str, Any], served_model: str, defaults: Mapping[str, Any],
+def parse_chat(body: Mapping[str, Any], served_models: Sequence[str], defaults: Mapping[str, Any],
                limits: Mapping[str, int]) -> ApiRequest:  # fmt: skip
     """POST /v1/chat/completions."""
     _check_fields(body, CHAT_FIELDS)
-    model = _model(body, served_model)
+    model = _model(body, served_models)
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
@@ -163,11 +164,11 @@ def parse_chat(body: Mapping[str, Any], served_model: str, defaults: Mapping[str
     )
 
 
-def parse_completion(body: Mapping[str, Any], served_model: str, defaults: Mapping[str, Any],
+def parse_completion(body: Mapping[str, Any], served_models: Sequence[str], defaults: Mapping[str, Any],
                      limits: Mapping[str, int], max_prompt_chars: int) -> ApiRequest:  # fmt: skip
     """POST /v1/completions (one prompt per request)."""
     _check_fields(body, COMPLETION_FIELDS)
-    model = _model(body, served_model)
+    model = _model(body, served_models)
     if _bool(body, "echo"):
         raise ApiError(400, "echo is not supported", param="echo")
     if body.get("suffix") is not None:

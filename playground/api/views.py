@@ -17,6 +17,7 @@ from django.views.decorators.csrf import csrf_exempt
 from playground.accounts import limits, salt
 from playground.serving.web import lifecycle, sampling
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, Update
+from playground.serving.web.models import adapter_for, base_model, served_models
 
 from .auth import authenticate
 from .errors import ApiError
@@ -25,10 +26,6 @@ from .schema import ApiRequest, parse_body, parse_chat, parse_completion
 from .structured import api_message
 
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "timeout": 504, "server_error": 500}
-
-
-def _served_model() -> str:
-    return settings.PLAYGROUND_ENGINE["model"]
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any]:
@@ -62,8 +59,11 @@ async def models(request: HttpRequest) -> HttpResponse:
         await authenticate(request)
     except ApiError as exc:
         return exc.response()
-    model = {"id": _served_model(), "object": "model", "created": 0, "owned_by": "paged-playground"}
-    return JsonResponse({"object": "list", "data": [model]})
+    base = base_model()
+    # As vLLM lists LoRA adapters: each one a model whose parent is the base model.
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "paged-playground",
+             "parent": None if name == base else base} for name in served_models()]
+    return JsonResponse({"object": "list", "data": data})
 
 
 @csrf_exempt
@@ -85,9 +85,9 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         caps = settings.PLAYGROUND_LIMITS
         defaults = sampling.api_defaults(chat, caps)
         if chat:
-            api_request = parse_chat(body, _served_model(), defaults, caps)
+            api_request = parse_chat(body, served_models(), defaults, caps)
         else:
-            api_request = parse_completion(body, _served_model(), defaults, caps,
+            api_request = parse_completion(body, served_models(), defaults, caps,
                                            settings.PLAYGROUND_API["max_prompt_chars"])  # fmt: skip
         who = limits.identity(key.user)
         quota = await sync_to_async(limits.quota_for, thread_sensitive=False)(key.user)
@@ -99,7 +99,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         return exc.response()
 
     job = Job(params=api_request.params, messages=api_request.messages, prompt=api_request.prompt,
-              cache_salt=salt.cache_salt(who))  # fmt: skip
+              cache_salt=salt.cache_salt(who), adapter=adapter_for(api_request.model))  # fmt: skip
     shape = Shape(chat, api_request, generation.request_id)
     updates = generation.updates()
     try:  # the first update before answering: a request the engine refuses is a 400 even when streaming

@@ -15,7 +15,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from playground.accounts import limits, salt
-from playground.serving.web import lifecycle, sampling
+from playground.serving.web import lifecycle, models, sampling
 from playground.serving.web.edge import InvalidInput
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job
 
@@ -62,6 +62,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def generate(self, request: Generate) -> None:
         """Admit, store the transcript and answer `started` here (so frames are answered in order); the
         generation itself runs in its own task."""
+        adapter = models.adapter_for(request.model)  # an unknown model: UnknownModel, an error frame
         user, session_key = self.scope.get("user"), await self.session_key()
         address = (self.scope.get("client") or ("",))[0]
         # Over the user's limits: LimitExceeded, an InvalidInput, becomes an error frame.
@@ -71,7 +72,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 user, session_key, request.conversation_id, request.messages
             )
             job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                      preferred_worker=conversation.last_worker)  # fmt: skip
+                      preferred_worker=conversation.last_worker, adapter=adapter)  # fmt: skip
             await self.send_json({"type": "started", "request_id": generation.request_id,
                                   "conversation_id": str(conversation.id)})  # fmt: skip
         except BaseException:

@@ -21,6 +21,7 @@ class Generate:
     conversation_id: uuid.UUID | None
     messages: list[dict[str, str]]
     params: dict[str, Any]
+    model: str | None = None  # the base model or a LoRA adapter's name (serving.web.models); None: base
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, s
 
 
 def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate:
-    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params", "response_format"})
+    unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params", "response_format", "model"})
     if unknown:
         raise InvalidInput(f"unknown field(s) in generate: {', '.join(unknown)}")
     raw_id = frame.get("conversation_id")
@@ -72,10 +73,14 @@ def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits
     constraint = response_format_constraint(frame.get("response_format"))  # as on the API
     if constraint is not None:
         params["structured_outputs"] = constraint
+    model = frame.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidInput("model must be a model name (string) or absent")
     return Generate(
         conversation_id=conversation_id,
         messages=parse_messages(frame.get("messages"), limits),
         params=params,
+        model=model,
     )
 
 

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from playground.serving.web import sampling
 from playground.serving.web.edge import CLOSE_CODES
+from playground.serving.web.models import served_models
 
 from .models import Conversation
 from .store import conversation_detail, conversation_summary
@@ -54,6 +55,7 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
     chat_config = {
         "ws_path": WS_PATH,
         "sampling": sampling.page_specs(settings.PLAYGROUND_LIMITS),  # the page's controls, from the one table
+        "models": served_models(),  # the base model, then the LoRA adapters (the page's model picker)
         "limits": settings.PLAYGROUND_LIMITS,
         "close_codes": CLOSE_CODES,
         "user": {

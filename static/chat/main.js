@@ -32,6 +32,8 @@ const els = {
   conn: $("conn"),
   params: $("params"),
   markdown: $("markdown-toggle"),
+  modelPicker: $("model-picker"),
+  model: $("model"),
 };
 
 /** How long to wait for the server's `done` after a cancel before giving up on it locally. */
@@ -47,6 +49,13 @@ const state = {
 
 const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 const formatControl = new ResponseFormatControl($("response-format"));
+showModelPicker(config.models ?? []);
+
+/** The model picker, shown only when the server serves LoRA adapters beside the base model (listed first). */
+function showModelPicker(models) {
+  for (const name of models) els.model.append(new Option(name, name));
+  els.modelPicker.hidden = models.length < 2;
+}
 /**
  * Generate frames whose reply was abandoned (New chat, another conversation opened) before their `started`
  * arrived. The server answers `started` in the order it received the frames, so the next ones to arrive
@@ -159,8 +168,10 @@ function startGeneration(params) {
   setBusy(true);
   updateEmptyState();
   scrollToEnd();
-  const sent = socket.send({ type: "generate", conversation_id: state.conversationId, messages: transcriptPayload(),
-    params, ...(format ? { response_format: format } : {}) });
+  const frame = { type: "generate", conversation_id: state.conversationId, messages: transcriptPayload(), params,
+    ...(format ? { response_format: format } : {}) };
+  if (els.model.value) frame.model = els.model.value;
+  const sent = socket.send(frame);
   if (!sent) failActive("Not connected to the server; try again in a moment.");
 }
 

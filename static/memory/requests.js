@@ -41,8 +41,9 @@ export class RequestTable {
   }
 
   /**
-   * @param {{request_id: string, index?: number, block_table: number[], context_len: number,
-   *          max_len: number}[]} requests  one entry per sequence (sample `index` of the request)
+   * @param {{request_id: string, index?: number, adapter?: string | null, block_table: number[],
+   *          context_len: number, max_len: number}[]} requests  one entry per sequence (sample `index` of the
+   *          request; `adapter`: the LoRA adapter it runs under, null for the base model)
    * @param {{refCount: number}[]} blocks  the decoded block map, to mark shared physical blocks
    * @param {number} blockSize
    */
@@ -69,6 +70,11 @@ export class RequestTable {
     id.title = request.request_id;
     name.append(swatch, id);
     if (request.index) name.append(el("span", "muted", ` #${request.index}`));
+    if (request.adapter) {
+      const adapter = el("span", "req-adapter", request.adapter);
+      adapter.title = `LoRA adapter ${request.adapter}: its blocks are shared only with requests of this adapter`;
+      name.append(adapter);
+    }
 
     const maxBlocks = Math.ceil(request.max_len / blockSize);
     const sizes = el("td", "req-size");

@@ -1,4 +1,4 @@
-"""The engine tests' shared engines (one registry) and their prompts.
+"""The engine tests' shared engines: one registry, and the check that they are idle.
 
 Loading a model takes seconds, so engines are built once per configuration and shared by every test.
 Tests import these helpers from here, never from a conftest: a conftest imported by name becomes a second
@@ -8,19 +8,6 @@ module beside the one pytest loaded, with its own registry, and the idle check w
 from __future__ import annotations
 
 from inference import LLM
-
-# Eight prompts of clearly different lengths (2 to ~150 tokens) for the greedy oracle.
-ORACLE_PROMPTS = [
-    "Hi",
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "1, 2, 3, 4, 5,",
-    "Explain in one sentence why the sky is blue to a curious child who keeps asking questions.",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a land far away, there lived a king who had three daughters. The eldest was "
-    "proud, the second was clever, and the youngest was kind. One day a stranger came to the castle and",
-    " ".join(f"Item {i}: a line of a long shopping list with apples, pears and bread." for i in range(10)),
-]
 
 _engines: dict[tuple, LLM] = {}
 

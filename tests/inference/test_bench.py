@@ -270,3 +270,16 @@ def test_dtype_option_reaches_our_engine_and_its_kv_geometry():
                                         max_model_len=512, dtype=args.dtype))
     assert engine.runner.dtype == torch.bfloat16
     assert parse_args([]).dtype == "float32"
+
+
+def test_lora_bench_writes_adapters_the_engine_loads(tmp_path):
+    from inference.bench.lora import write_random_adapter
+    from inference.lora import TARGET_MODULES, LoRARequest, load_adapter
+    from inference.model import ModelConfig
+
+    cfg = ModelConfig.from_folder(resolve_model(DEFAULT_MODEL))
+    write_random_adapter(tmp_path / "a", cfg, rank=4, seed=0)
+    adapter = load_adapter(LoRARequest("a", 1, str(tmp_path / "a")), cfg, max_rank=4)
+    assert adapter.rank == 4 and len(adapter.weights) == cfg.num_layers * len(TARGET_MODULES)
+    a, b = adapter.weights[(0, "gate_proj")]
+    assert a.shape == (4, cfg.hidden_size) and b.shape == (cfg.intermediate_size, 4)

@@ -7,7 +7,8 @@ the argmax within a few tokens.
 import pytest
 
 from inference import SamplingParams
-from tests.inference.engines import ORACLE_PROMPTS, get_llm
+from tests.inference.engines import get_llm
+from tests.inference.oracle_prompts import ORACLE_PROMPTS
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inference import LLM, SamplingParams
-from tests.inference.engines import ORACLE_PROMPTS
+from tests.inference.oracle_prompts import ORACLE_PROMPTS
 from tests.inference.quant_checkpoints import (
     hf_greedy, hf_with_engine_weights, pack_awq, pack_gptq, packed_checkpoint, save_folder, tiny_llama,
     write_gguf,

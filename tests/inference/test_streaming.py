@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from inference import SamplingParams, StreamingEngine
-from tests.inference.engines import ORACLE_PROMPTS, get_llm
+from tests.inference.engines import get_llm
+from tests.inference.oracle_prompts import ORACLE_PROMPTS
 
 
 @pytest.fixture(scope="module")

@@ -76,9 +76,9 @@ def start(workdir: Path, extra_env: dict[str, str] | None = None) -> ApiServer:
     return server
 
 
-def reference_llm():
+def reference_llm(**engine_args):
     """The engine itself, in the test process, with the server's engine settings: the greedy oracle."""
     from inference import LLM
 
     return LLM(model=MODEL, device="cpu", max_model_len=int(ENGINE_ENV["ENGINE_MAX_MODEL_LEN"]),
-               num_kv_blocks=int(ENGINE_ENV["ENGINE_NUM_KV_BLOCKS"]))  # fmt: skip
+               num_kv_blocks=int(ENGINE_ENV["ENGINE_NUM_KV_BLOCKS"]), **engine_args)  # fmt: skip

@@ -51,13 +51,15 @@ class FakeStreamingEngine:
         for stop in list(self.live.values()):
             stop.set()
 
-    def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None):
+    def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
+                    lora_request=None):
         last = messages[-1]["content"] if messages is not None else prompt
         if self.error is not None:
             raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
-        self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params})
+        self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params,
+                              "lora_request": lora_request})
         stream = FakeStream(request_id)
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]

@@ -22,20 +22,21 @@ ASK = [{"role": "user", "content": "hi there"}]
 
 
 @contextlib.asynccontextmanager
-async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test"):
-    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads."""
+async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lora_modules=None):
+    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads.
+    `lora_modules` (adapter name -> path) as the worker's PLAYGROUND_LORA_MODULES."""
     engine = FakeStreamingEngine(delay)
-    service = EngineService({}, engine_factory=lambda **kwargs: engine)
+    service = EngineService({}, engine_factory=lambda **kwargs: engine, lora_modules=lora_modules)
     runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
     runtime.start()
     await asyncio.to_thread(service.wait_ready, 10)
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []
 
-    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None):
-        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker})
-        tasks.append(threading.Thread(target=runtime.serve, args=(request_id, messages, params, cache_salt, prompt),
-                                      daemon=True))  # fmt: skip
+    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None):
+        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker, "adapter": adapter})
+        tasks.append(threading.Thread(target=runtime.serve, daemon=True,
+                                      args=(request_id, messages, params, cache_salt, prompt, adapter)))
         tasks[-1].start()
         return GPU_QUEUE
 

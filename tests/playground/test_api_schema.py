@@ -16,11 +16,11 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 def chat(**body):
-    return parse_chat({"model": MODEL, "messages": CHAT, **body}, MODEL, DEFAULTS, LIMITS)
+    return parse_chat({"model": MODEL, "messages": CHAT, **body}, [MODEL, "sql-lora"], DEFAULTS, LIMITS)
 
 
 def completion(**body):
-    return parse_completion({"model": MODEL, "prompt": "Once", **body}, MODEL, DEFAULTS, LIMITS, 100)
+    return parse_completion({"model": MODEL, "prompt": "Once", **body}, [MODEL, "sql-lora"], DEFAULTS, LIMITS, 100)
 
 
 def refused(call, **body) -> ApiError:
@@ -72,8 +72,10 @@ def test_chat_refuses_bad_fields_naming_them(body, param):
 
 def test_unknown_model_is_404_and_missing_model_400():
     assert refused(chat, model="gpt-4o").status == 404
+    assert refused(completion, model="sql").status == 404  # not a prefix match of a served name
+    assert chat(model="sql-lora").model == completion(model="sql-lora").model == "sql-lora"  # an adapter
     with pytest.raises(ApiError) as missing:
-        parse_chat({"messages": CHAT}, MODEL, DEFAULTS, LIMITS)
+        parse_chat({"messages": CHAT}, [MODEL], DEFAULTS, LIMITS)
     assert missing.value.status == 400 and missing.value.param == "model"
 
 

@@ -156,8 +156,8 @@ def test_api_parser_fuzz(capsys, chat):
         body = parse_body(raw, LIMITS, settings.PLAYGROUND_API["max_body_bytes"])
         defaults = sampling.api_defaults(chat, LIMITS)
         if chat:
-            return parse_chat(body, MODEL, defaults, LIMITS)
-        return parse_completion(body, MODEL, defaults, LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
+            return parse_chat(body, [MODEL], defaults, LIMITS)
+        return parse_completion(body, [MODEL], defaults, LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
 
     @fuzz(CASES // 2)
     @given(raw=bodies)

@@ -30,13 +30,16 @@ def submit(
     preferred_worker: str = "",
     cache_salt: str | None = None,
     prompt: str | None = None,
+    adapter: str | None = None,
 ) -> str:
     """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to.
-    `messages` is None for a plain-text `prompt` (completions)."""
+    `messages` is None for a plain-text `prompt` (completions); `adapter` names a LoRA adapter (None: base)."""
     queue = choose_queue(preferred_worker)
     kwargs = {"request_id": request_id, "messages": messages, "params": params, "cache_salt": cache_salt}
     if prompt is not None:
         kwargs["prompt"] = prompt
+    if adapter is not None:
+        kwargs["adapter"] = adapter
     celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue)
     return queue
 

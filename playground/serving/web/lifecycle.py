@@ -73,6 +73,7 @@ class Job:
     prompt: str | None = None
     cache_salt: str | None = None
     preferred_worker: str = ""
+    adapter: str | None = None  # a LoRA adapter of PLAYGROUND_LORA_MODULES; None: the base model
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -195,7 +196,8 @@ class Generation:
         self._receiver = asyncio.create_task(self._receive())
         try:
             self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
-                self.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt
+                self.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt,
+                job.adapter,
             )
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)

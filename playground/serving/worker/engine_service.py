@@ -25,10 +25,13 @@ class EngineUnavailable(RuntimeError):
 
 class EngineService:
     def __init__(
-        self, engine_kwargs: dict[str, Any], engine_factory: Callable[..., StreamingEngine] | None = None
+        self, engine_kwargs: dict[str, Any], engine_factory: Callable[..., StreamingEngine] | None = None,
+        lora_modules: dict[str, str] | None = None,
     ) -> None:
-        """`engine_factory` builds the engine from the kwargs; `inference.StreamingEngine` unless given."""
+        """`engine_factory` builds the engine from the kwargs; `inference.StreamingEngine` unless given.
+        `lora_modules`: adapter name -> PEFT folder (settings.PLAYGROUND_LORA_MODULES); a request names one."""
         self._kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+        self._lora_modules = dict(lora_modules or {})
         self._factory = engine_factory
         self._engine: StreamingEngine | None = None
         self._error: str | None = None
@@ -93,16 +96,24 @@ class EngineService:
         params: dict[str, Any],
         cache_salt: str | None = None,
         prompt: str | None = None,
+        adapter: str | None = None,
     ) -> RequestStream:
-        """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None);
-        raises ValueError (nothing queued) when the engine refuses it, EngineUnavailable when it cannot serve."""
-        from inference import EngineDeadError, SamplingParams
+        """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None), under
+        the LoRA `adapter` of that name (None: the base model); raises ValueError (nothing queued) when the
+        engine refuses it (a bad or unknown adapter too), EngineUnavailable when it cannot serve."""
+        from inference import EngineDeadError, LoRARequest, SamplingParams
 
         engine = self.wait_ready(0)
+        lora_request = None
+        if adapter is not None:
+            if adapter not in self._lora_modules:
+                raise ValueError(f"unknown LoRA adapter {adapter!r}")
+            # Ids follow PLAYGROUND_LORA_MODULES's order, so every worker gives a name the same id.
+            lora_request = LoRARequest(adapter, list(self._lora_modules).index(adapter) + 1,
+                                       self._lora_modules[adapter])
         try:
-            return engine.add_request(
-                prompt, SamplingParams(**params), request_id=request_id, messages=messages, cache_salt=cache_salt
-            )
+            return engine.add_request(prompt, SamplingParams(**params), request_id=request_id, messages=messages,
+                                      cache_salt=cache_salt, lora_request=lora_request)
         except EngineDeadError as exc:  # the loop died since wait_ready looked
             raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
 

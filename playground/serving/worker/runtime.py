@@ -177,6 +177,7 @@ class WorkerRuntime:
         params: dict[str, Any],
         cache_salt: str | None,
         prompt: str | None = None,
+        adapter: str | None = None,
     ) -> None:
         """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
         a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
@@ -191,20 +192,21 @@ class WorkerRuntime:
             self._serving.add(request_id)
         try:
             send({"type": "gen.accepted", "worker": self.name})
-            self._run(request_id, messages, params, cache_salt, prompt, send)
+            self._run(request_id, messages, params, cache_salt, prompt, adapter, send)
         finally:
             with self._lock:
                 self._serving.discard(request_id)
 
     def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
-             cache_salt: str | None, prompt: str | None, send: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+             cache_salt: str | None, prompt: str | None, adapter: str | None,
+             send: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
         try:
             self.service.wait_ready(LOAD_TIMEOUT_S)
             with self._lock:
                 if self._early_aborts.pop(request_id, None) is not None:
                     send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
                     return
-                stream = self.service.submit(request_id, messages, params, cache_salt, prompt)
+                stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter)
                 self._live.add(request_id)
         except ValueError as exc:  # the engine refused this request (too long, empty...): the client's fault
             send({"type": "gen.error", "message": str(exc), "code": "invalid_request"})
@@ -259,7 +261,8 @@ def _start_runtime(sender, **kwargs) -> None:
     if "prefork" in str(getattr(sender, "pool_cls", "")).lower():
         # SystemExit, because Celery logs and swallows ordinary exceptions raised by signal handlers.
         raise SystemExit("GPU workers share one engine per process: run them with --pool threads (the default)")
-    _runtime = WorkerRuntime(sender.hostname, EngineService(settings.PLAYGROUND_ENGINE), LoopBridge(_shared_loop))
+    service = EngineService(settings.PLAYGROUND_ENGINE, lora_modules=settings.PLAYGROUND_LORA_MODULES)
+    _runtime = WorkerRuntime(sender.hostname, service, LoopBridge(_shared_loop))
     _runtime.start()
 
 

@@ -14,7 +14,9 @@ def generate(
     params: dict[str, Any],
     cache_salt: str | None = None,
     prompt: str | None = None,
+    adapter: str | None = None,
 ) -> None:
     """Blocks this task thread until the request ends; tokens flow through the channel layer, not here.
-    A chat request gives `messages`; a plain completion (the OpenAI API's /v1/completions) gives `prompt`."""
-    runtime.current().serve(request_id, messages, params, cache_salt, prompt)
+    A chat request gives `messages`; a plain completion (the OpenAI API's /v1/completions) gives `prompt`;
+    `adapter` names a LoRA adapter of PLAYGROUND_LORA_MODULES (None: the base model)."""
+    runtime.current().serve(request_id, messages, params, cache_salt, prompt, adapter)
