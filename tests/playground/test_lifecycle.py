@@ -35,6 +35,13 @@ async def streaming(count: int) -> list:
     return sockets
 
 
+async def engine_idle(engine, timeout: float = 3) -> None:
+    """Until the fake engine runs nothing (aborts land a moment after the client hears the end)."""
+    deadline = time.monotonic() + timeout
+    while engine.live and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def errors_of(sockets, timeout: float) -> list[dict]:
     return [(await until_end(ws, timeout))[-1] for ws in sockets]
 
@@ -118,9 +125,7 @@ def test_the_channel_layer_failing_mid_stream_is_an_error_frame_not_a_closed_soc
             after = await until_end(sockets[0])
             for ws in sockets:
                 await ws.disconnect()
-            deadline = time.monotonic() + 3
-            while engine.live and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await engine_idle(engine)
             return ends, waited, after, engine
 
     ends, waited, after, engine = asyncio.run(scenario())
@@ -170,9 +175,7 @@ def test_an_accepted_request_gets_an_error_at_its_deadline(monkeypatch, settings
             end = (await until_end(ws, timeout=10))[-1]
             waited = time.monotonic() - t0
             await ws.disconnect()
-            deadline = time.monotonic() + 3
-            while engine.live and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await engine_idle(engine)
             return started, end, waited, engine
 
     started, end, waited, engine = asyncio.run(scenario())
