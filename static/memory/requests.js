@@ -34,7 +34,7 @@ export class RequestTable {
     tbody.addEventListener("mouseleave", () => this.hover(null));
   }
 
-  /** Rows are rebuilt on every snapshot, so hovering is tracked by request id, not by row element. */
+  /** Rows are rebuilt with every new block map, so hovering is tracked by request id, not by row element. */
   hover(requestId) {
     this.hovered = requestId;
     this.onHover(requestId === null ? null : this.tables.get(requestId) ?? null);
@@ -46,8 +46,12 @@ export class RequestTable {
    *          request; `adapter`: the LoRA adapter it runs under, null for the base model)
    * @param {{refCount: number}[]} blocks  the decoded block map, to mark shared physical blocks
    * @param {number} blockSize
+   * @param {number | undefined} stamp  which worker sample the map and tables came from (snapshot.stamps):
+   *   between block-map refreshes the snapshot repeats the last ones, and the rows (their buttons) stay put
    */
-  update(requests, blocks, blockSize) {
+  update(requests, blocks, blockSize, stamp) {
+    if (stamp !== undefined && stamp === this.stamp) return;
+    this.stamp = stamp;
     const live = new Set(requests.map((r) => r.request_id));
     for (const id of this.aborting) if (!live.has(id)) this.aborting.delete(id);
     // A request with n samples has one entry per sample; hovering any of its rows lights up all its blocks.

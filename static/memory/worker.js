@@ -69,7 +69,7 @@ export class WorkerCard {
       tokensHeld: requests.reduce((sum, r) => sum + r.context_len, 0),
       slotUtilization: m.kv_slot_utilization ?? null,
     });
-    this.requests.update(requests, blocks, blockSize);
+    this.requests.update(requests, blocks, blockSize, snapshot.stamps?.block_map);
 
     this.charts ??= new KvCharts(this.q(".charts-grid"), ["memory", "requests", "preemptions", "throughput"],
       { height: 150, windowS: 300 });

@@ -12,7 +12,8 @@ from fake_worker import connect, generate, until_end, worker
 
 from playground.accounts import limits
 from playground.serving.shared import registry
-from playground.serving.web.lifecycle import Collector
+from playground.serving.web import dispatch, lifecycle
+from playground.serving.web.lifecycle import Collector, Generation
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SLOT = f"limits:conc:{limits.anonymous_identity('')}"  # WebsocketCommunicator gives no client address
@@ -32,6 +33,13 @@ async def streaming(count: int) -> list:
     for ws in sockets:
         assert (await ws.receive_json_from(timeout=5))["type"] == "token"
     return sockets
+
+
+async def engine_idle(engine, timeout: float = 3) -> None:
+    """Until the fake engine runs nothing (aborts land a moment after the client hears the end)."""
+    deadline = time.monotonic() + timeout
+    while engine.live and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 async def errors_of(sockets, timeout: float) -> list[dict]:
@@ -117,9 +125,7 @@ def test_the_channel_layer_failing_mid_stream_is_an_error_frame_not_a_closed_soc
             after = await until_end(sockets[0])
             for ws in sockets:
                 await ws.disconnect()
-            deadline = time.monotonic() + 3
-            while engine.live and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await engine_idle(engine)
             return ends, waited, after, engine
 
     ends, waited, after, engine = asyncio.run(scenario())
@@ -169,9 +175,7 @@ def test_an_accepted_request_gets_an_error_at_its_deadline(monkeypatch, settings
             end = (await until_end(ws, timeout=10))[-1]
             waited = time.monotonic() - t0
             await ws.disconnect()
-            deadline = time.monotonic() + 3
-            while engine.live and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await engine_idle(engine)
             return started, end, waited, engine
 
     started, end, waited, engine = asyncio.run(scenario())
@@ -239,33 +243,65 @@ def test_the_anonymous_pool_caps_every_address_together():
     assert cache.get(limits.ANONYMOUS_POOL_KEY) == 0
 
 
+class RecordingSlot:
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+    def record(self, tokens: int) -> None:
+        pass
+
+
+async def started_generation(slot: RecordingSlot) -> Generation:
+    """A Generation as if started and not finished (it listens on a channel), without a worker."""
+    generation = Generation(slot)
+    generation._channel = await get_channel_layer().new_channel("gen.")
+    return generation
+
+
 def test_close_finishes_releasing_when_its_caller_is_cancelled_midway(monkeypatch):
     """A socket closing just as its request ends cancels the relay task inside close(): the slot leaked."""
-    from playground.serving.web import dispatch
-    from playground.serving.web.lifecycle import Generation
-
-    released = []
-
-    class Slot:
-        def release(self) -> None:
-            released.append(True)
-
-        def record(self, tokens: int) -> None:
-            pass
 
     async def slow_abort(request_id: str) -> None:
         await asyncio.sleep(0.2)
 
     monkeypatch.setattr(dispatch, "abort", slow_abort)
+    slot = RecordingSlot()
 
     async def scenario():
-        generation = Generation(Slot())
-        generation._channel = await get_channel_layer().new_channel("gen.")  # as if started, not finished
-        closing = asyncio.create_task(generation.close())
+        closing = asyncio.create_task((await started_generation(slot)).close())
         await asyncio.sleep(0.05)  # inside the abort
         closing.cancel()
         await asyncio.gather(closing, return_exceptions=True)
         await asyncio.sleep(0.4)
-        return list(released)
 
-    assert asyncio.run(scenario()) == [True]
+    asyncio.run(scenario())
+    assert slot.released == 1
+
+
+def test_an_abort_the_channel_layer_refused_is_sent_again_in_the_background(monkeypatch):
+    """Redis down when the client went: the abort was lost and the worker generated for nobody."""
+    sent = []
+
+    async def flaky_abort(request_id: str) -> None:
+        sent.append(request_id)
+        if len(sent) == 1:
+            raise ConnectionError("Redis is restarting")
+
+    monkeypatch.setattr(dispatch, "abort", flaky_abort)
+    monkeypatch.setattr(lifecycle, "ABORT_RETRY_EVERY_S", 0.05)
+    monkeypatch.setattr(lifecycle, "ABORT_RETRY_S", 0.3)
+    slot = RecordingSlot()
+
+    async def scenario():
+        generation = await started_generation(slot)
+        await generation.close()
+        released_at_close = slot.released
+        await asyncio.sleep(0.5)
+        return generation.request_id, released_at_close
+
+    request_id, released_at_close = asyncio.run(scenario())
+    assert released_at_close == 1  # the slot does not wait for the channel layer
+    assert len(sent) >= 4 and set(sent) == {request_id}  # sent again after it first succeeded, until given up

@@ -1,7 +1,11 @@
-"""The websocket benchmark's arithmetic (the benchmark itself runs with `manage.py bench_ws`)."""
+"""The websocket benchmark's arithmetic, and `manage.py bench_ws` itself on a small workload (slow)."""
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
+from live_stack import ENGINE_ENV, REPO, free_port
 
 from playground.serving.tools import bench
 
@@ -44,3 +48,17 @@ def test_delivered_texts_are_checked_against_the_engines():
 def test_workload_prompts_are_distinct():
     chats = bench.workload(40)
     assert len({chat[0]["content"] for chat in chats}) == 40
+
+
+@pytest.mark.slow
+def test_bench_ws_streams_websocket_and_api_clients_at_once_and_checks_their_texts(tmp_path):
+    """`manage.py bench_ws` end to end, small: both kinds of clients complete with the engine's texts."""
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+    env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "manage.py", "bench_ws", "--clients", "4", "--api-clients", "4",
+                           "--max-tokens", "8", "--port", str(free_port())],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "all 8 delivered texts equal the engine's" in done.stdout
+    row = done.stdout.strip().splitlines()[2]
+    assert row.startswith("| 4 | 4 | 8 |")

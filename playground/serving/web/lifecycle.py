@@ -17,6 +17,7 @@ ends with its reply or a `GenerationFailed`, within `PLAYGROUND_REQUEST_DEADLINE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -35,6 +36,8 @@ from . import dispatch, liveness
 logger = logging.getLogger(__name__)
 
 REAPER_GRACE_S = 5.0
+ABORT_RETRY_S = 30.0
+ABORT_RETRY_EVERY_S = 2.0
 
 
 class GenerationFailed(RuntimeError):
@@ -139,7 +142,8 @@ class Collector:
         request's GenerationFailed once it failed (text not yet taken is dropped with it)."""
         if not self._ready.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
             except TimeoutError:
                 return None
         self._ready.clear()
@@ -259,12 +263,23 @@ class Generation:
             self._closing = asyncio.ensure_future(self._close())
         await asyncio.shield(self._closing)
 
+    async def _abort(self) -> None:
+        """Ask the workers to abort; if the channel layer is down (a Redis restart), keep asking in the
+        background, so the worker does not generate for nobody once Redis is back."""
+        try:
+            await dispatch.abort(self.request_id)
+        except Exception:
+            logger.warning("could not abort request %s now; retrying in the background", self.request_id)
+            task = asyncio.ensure_future(_abort_later(self.request_id))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+
     async def _close(self) -> None:
         if self._receiver is not None:
             self._receiver.cancel()
         if self._channel is not None:
             if not self.collector.finished:
-                await _quietly(dispatch.abort(self.request_id), "abort", self.request_id)
+                await self._abort()
             await _quietly(self._layer.group_discard(request_group(self.request_id), self._channel), "leave group",
                            self.request_id)  # fmt: skip
 
@@ -273,6 +288,21 @@ class Generation:
             self._slot.record(self._tokens)
 
         await _quietly(sync_to_async(settle, thread_sensitive=False)(), "release the slot of", self.request_id)
+
+
+_background: set[asyncio.Task] = set()  # abort retries outlive their Generation
+
+
+async def _abort_later(request_id: str) -> None:
+    """Send the abort every ABORT_RETRY_EVERY_S for ABORT_RETRY_S, even after a send succeeds: a worker rejoins
+    the control group a moment after Redis is back, and an abort sent before that reaches no one (a
+    worker ignores aborts of requests it does not run)."""
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + ABORT_RETRY_S
+    while loop.time() < give_up_at:
+        await asyncio.sleep(ABORT_RETRY_EVERY_S)
+        with contextlib.suppress(Exception):
+            await dispatch.abort(request_id)
 
 
 async def _quietly(step: Any, what: str, request_id: str) -> None:

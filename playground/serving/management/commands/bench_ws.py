@@ -71,4 +71,6 @@ class Command(BaseCommand):
         embedded.serve("127.0.0.1", port, ready)
         if "error" in outcome:
             raise CommandError(f"benchmark failed: {outcome['error']!r}")
+        if "report" not in outcome:
+            raise CommandError("the server stopped before the benchmark finished")
         self.stdout.write(outcome["report"])
