@@ -19,7 +19,7 @@ class EngineArgs:
 
     The KV pool is sized, in order of precedence, by `num_kv_blocks`, by `kv_cache_memory` (bytes), or on
     CUDA by `gpu_memory_utilization` (share of the device's memory the whole process may use); on CPU the
-    default is 512 MiB.
+    default is 512 MiB. `dtype="auto"` resolves as `resolve_dtype` says (bfloat16 where it is native).
     """
 
     model: str = DEFAULT_MODEL
@@ -68,7 +68,18 @@ class EngineArgs:
         return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA, unless asked otherwise."""
+        """bfloat16 on CUDA, and on CPUs with native bfloat16 dot products (AVX-512 BF16 or AMX), else float32.
+
+        Without those instructions bfloat16 matmuls are emulated and slower than float32. float32 stays the
+        oracle mode: tests that compare against HF transformers ask for it explicitly.
+        """
         if self.dtype != "auto":
             return DTYPES[self.dtype]
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
+            return torch.bfloat16
+        return torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 dot products natively (what oneDNN needs for fast bfloat16 matmuls)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()

@@ -29,8 +29,13 @@ _engines: dict[tuple, LLM] = {}
 
 
 def get_llm(**kwargs) -> LLM:
-    """An engine for this configuration, built on first use (small KV pools keep memory modest)."""
+    """An engine for this configuration, built on first use (small KV pools keep memory modest).
+
+    float32 unless a test asks otherwise: it is the oracle mode that must equal HF transformers token for
+    token (the CPU default is bfloat16 where the CPU has it natively).
+    """
     kwargs.setdefault("num_kv_blocks", 256)
+    kwargs.setdefault("dtype", "float32")
     key = tuple(sorted(kwargs.items()))
     if key not in _engines:
         _engines[key] = LLM(**kwargs)

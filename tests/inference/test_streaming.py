@@ -11,7 +11,7 @@ from tests.inference.conftest import ORACLE_PROMPTS, get_llm
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = StreamingEngine(num_kv_blocks=256)
+    engine = StreamingEngine(num_kv_blocks=256, dtype="float32")
     engine.start()
     yield engine
     engine.shutdown()
