@@ -1,6 +1,6 @@
-"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching) and
-llama.cpp (when installed) on the same seeded workloads in one run, plus the sharing, fixed-budget and
-roofline experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
+"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching),
+llama.cpp and vLLM's CPU backend (when installed: `inference/bench/peers/setup_*.sh`) on the same seeded
+workloads in one run, plus the sharing, fixed-budget, roofline and decode-step experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from inference.bench import experiments, plots, report, roofline, workloads
+from inference.bench import experiments, plots, report, roofline, vs_vllm, workloads
 from inference.bench.engines import hf_continuous, hf_static, llamacpp, ours
 from inference.bench.engines.base import EngineRun, RunConfig
 from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp")
-EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long")
+EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long", "vs-vllm")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
 SHARED_PREFIX_RATE = {"full": 1.0, "quick": 4.0}
+# Decode-step batch and contexts of the vs-vLLM experiment (the issue's figures; tiny in the smoke run).
+DECODE_STEP_SHAPES = {"full": (32, (128, 1024)), "quick": (4, (32, 96))}
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = run_engines(chat, config, args.engine_list, progress, stages, result)
     result["ratios"] = report.ratios(result["engines"])
     result["fixed_budget"] = experiments.fixed_budget(chat, config, runs)
-    run_experiments(args, mode, config, tokenizer, progress, stages, result)
+    run_experiments(args, mode, config, tokenizer, progress, stages, result, chat)
     result["targets"] = [t.__dict__ for t in report.targets(result)]
     if args.plot:
         result["plots"] = [str(p) for p in plots.write_all(args.plot, result, runs, geometry.bytes_per_token)]
@@ -214,9 +216,9 @@ def _save(path: Path | None, result: dict[str, Any], stages: Stages, began: floa
 
 
 def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any, progress: bool,
-                    stages: Stages, out: dict[str, Any]) -> None:
-    """Roofline, prefix caching on/off, n=4 sharing, beam sharing and long prompts (ours, plus HF for the
-    roof), each added to `out` as soon as it is done."""
+                    stages: Stages, out: dict[str, Any], chat: workloads.Workload) -> None:
+    """Roofline, prefix caching on/off, n=4 sharing, beam sharing, long prompts (ours, plus HF for the
+    roof) and ours vs vLLM CPU, each added to `out` as soon as it is done."""
     todo = args.experiment_list
     if "roofline" in todo:
         with stages.time("roofline"):
@@ -240,6 +242,13 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
         with stages.time("long"):
             long = load_or_build("long", args, mode, tokenizer)
             out["long"] = ours.run(long, config, progress=progress).figures(config)
+    if "vs-vllm" in todo:
+        with stages.time("vs_vllm"):
+            shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                                   rate=SHARED_PREFIX_RATE[mode.name])
+            batch, contexts = DECODE_STEP_SHAPES[mode.name]
+            out["vs_vllm"] = vs_vllm.measure({"chat": chat, "shared-prefix": shared}, config, batch, contexts,
+                                             progress)
 
 
 def machine() -> dict[str, Any]:
