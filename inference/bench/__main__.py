@@ -244,11 +244,12 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
             out["long"] = ours.run(long, config, progress=progress).figures(config)
     if "vs-vllm" in todo:
         with stages.time("vs_vllm"):
-            shared = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
-                                   rate=SHARED_PREFIX_RATE[mode.name])
+            compared = {"chat": chat}
+            if mode is FULL:  # the smoke run keeps to the chat workload
+                compared["shared-prefix"] = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                                                          rate=SHARED_PREFIX_RATE[mode.name])
             batch, contexts = DECODE_STEP_SHAPES[mode.name]
-            out["vs_vllm"] = vs_vllm.measure({"chat": chat, "shared-prefix": shared}, config, batch, contexts,
-                                             progress)
+            out["vs_vllm"] = vs_vllm.measure(compared, config, batch, contexts, progress)
 
 
 def machine() -> dict[str, Any]:

@@ -9,6 +9,7 @@ machine only the ratios mean much, and each side's CPU seconds are reported besi
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +47,11 @@ def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
     tasks = [vllm_cpu.workload_task(name, w) for name, w in workloads.items()]
     tasks += [{"kind": "decode_step", "name": f"decode_{c}", "prompts": roofline.prompts(batch, c),
                "steps": DECODE_STEPS} for c in contexts]
-    served = vllm_cpu.run_tasks(config, tasks)
+    try:
+        served = vllm_cpu.run_tasks(config, tasks)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the rest of the run's figures still count
+        out["skipped"] = f"vLLM failed: {exc}"
+        return out
     out["vllm"] = {"version": served["vllm_version"], "kv_blocks": served["kv_blocks"]}
     for name, workload in workloads.items():
         out["vllm"][name] = vllm_cpu.engine_run(workload, served[name], served["kv_blocks"], config).figures(config)

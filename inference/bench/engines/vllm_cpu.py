@@ -31,18 +31,19 @@ RUNNER = PEERS / "vllm_runner.py"
 SETUP = PEERS / "setup_vllm.sh"
 
 
-def venv_python() -> Path:
+def venv() -> Path:
     root = os.environ.get("PAGED_PLAYGROUND_PEERS") or Path(
         os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground") / "peers"
-    return Path(root) / "vllm-venv" / "bin" / "python"
+    return Path(root) / "vllm-venv"
 
 
 def available() -> bool:
-    return venv_python().is_file()
+    """setup_vllm.sh writes READY into the venv once `import vllm` works there."""
+    return (venv() / "READY").is_file()
 
 
 def unavailable_reason() -> str:
-    return f"vLLM CPU is not installed ({venv_python()} is missing); run bash {SETUP.relative_to(PEERS.parents[2])}"
+    return f"vLLM CPU is not installed in {venv()}; run bash {SETUP.relative_to(PEERS.parents[2])}"
 
 
 def kv_cache_gib(config: RunConfig) -> int:
@@ -62,7 +63,7 @@ def run_tasks(config: RunConfig, tasks: list[dict[str, Any]], timeout_s: float =
     with tempfile.TemporaryDirectory() as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job))
-        proc = subprocess.run([str(venv_python()), str(RUNNER), str(job_path), str(out_path)], env=env,
+        proc = subprocess.run([str(venv() / "bin" / "python"), str(RUNNER), str(job_path), str(out_path)], env=env,
                               capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM runner failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

