@@ -210,13 +210,18 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   }
 }
 
+// Work items, costliest first. Checks here what would otherwise read out of bounds: a context needing more
+// blocks than the table has columns (raised as ValueError in Python).
 std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& query_start_loc, int64_t kv_heads,
-                       int64_t group) {
+                       int64_t group, int64_t block_size, int64_t table_width) {
   const auto* ctx = context_lens.data_ptr<int32_t>();
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   std::vector<Item> items;
   for (int64_t s = 0; s < context_lens.size(0); ++s) {
     const int64_t q_len = starts[s + 1] - starts[s], context = ctx[s];
+    TORCH_CHECK_VALUE((context + block_size - 1) / block_size <= table_width, "block_tables has ", table_width,
+                      " columns but a context of ", context, " tokens needs ", (context + block_size - 1) / block_size,
+                      " blocks");
     for (int64_t q0 = 0; q0 < q_len; q0 += TILE_Q) {
       const int64_t q1 = std::min(q_len, q0 + TILE_Q);
       const int64_t first_pos = context - q_len + q0;
@@ -239,7 +244,8 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
                      double scale) {
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
-  const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group);
+  const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
+                                       block_tables.size(1));
   if (items.empty()) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
