@@ -23,7 +23,7 @@ class EngineArgs:
 
     The KV pool is sized, in order of precedence, by `num_kv_blocks`, by `kv_cache_memory` (bytes), or on
     CUDA by `gpu_memory_utilization` (share of the device's memory the whole process may use); on CPU the
-    default is 512 MiB.
+    default is 512 MiB. `dtype="auto"` resolves as `resolve_dtype` says (bfloat16 where it is native).
     """
 
     model: str = DEFAULT_MODEL
@@ -92,7 +92,12 @@ class EngineArgs:
         return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA, unless asked otherwise."""
+        """bfloat16 on CUDA; float32 on CPU, the oracle mode that equals HF transformers token for token.
+
+        `dtype="bfloat16"` is faster on CPUs with AVX-512 BF16; it is not the CPU default yet because the
+        served stack's tests compare greedy texts across batch compositions, which bfloat16 does not keep
+        (see BENCHMARKS.md, "Engine speed vs vLLM CPU").
+        """
         if self.dtype != "auto":
             return DTYPES[self.dtype]
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -98,7 +98,11 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Plain RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position."""
+    """Plain RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position.
+
+    `tables` looks a step's positions up once (the forward shares them across layers, saving two index ops
+    and two casts per layer); `rotate` applies them to q or k.
+    """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
@@ -107,9 +111,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every token's position, `[num_tokens, 1, head_dim / 2]` in `dtype`."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -127,15 +134,14 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: tuple[torch.Tensor, torch.Tensor],
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         ops: ModuleType,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(positions, q.view(-1, self.num_heads, self.head_dim))
-        k = rope(positions, k.view(-1, self.num_kv_heads, self.head_dim))
+        q = RotaryEmbedding.rotate(q.view(-1, self.num_heads, self.head_dim), *rope)
+        k = RotaryEmbedding.rotate(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         key_cache, value_cache = kv_cache
         ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
@@ -191,8 +197,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] after the final norm; `compute_logits` picks rows later."""
         h = self.embed_tokens(input_ids)
+        rope = self.rope.tables(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rope, kv_cache, meta, ops)
+            h = h + layer.self_attn(layer.input_layernorm(h), rope, kv_cache, meta, ops)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.norm(h)
 

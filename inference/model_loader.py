@@ -86,6 +86,7 @@ def _gguf_location(package: str, filename: str) -> Path:
 def _converted_builtin(name: str) -> Path:
     target = cache_dir() / name
     if (target / "model.safetensors").is_file():
+        _name_architecture(target)
         return target
     gguf = _gguf_location(*BUILTIN_MODELS[name])
     # Convert into a temporary sibling and rename, so a crash or a concurrent worker never sees half a model.
@@ -103,6 +104,18 @@ def _converted_builtin(name: str) -> Path:
     return target
 
 
+def _name_architecture(folder: Path) -> None:
+    """Fill a null `architectures` in a folder converted before the converter wrote it (atomic rewrite)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("architectures"):
+        return
+    config["architectures"] = [f"{config.get('model_type', 'llama').capitalize()}ForCausalLM"]
+    tmp = path.with_name(f".config.{os.getpid()}.json")
+    tmp.write_text(json.dumps(config, indent=2))
+    os.replace(tmp, path)
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -111,6 +124,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = hf_model.config.to_dict()
+    config["architectures"] = [type(hf_model).__name__]  # GGUF configs leave it null; vLLM and others need it
     config.pop("quantization_config", None)
     config.pop("_model_name_or_path", None)
     state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}

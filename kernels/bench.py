@@ -117,7 +117,7 @@ def run_kernel_tests(on_gpu: bool, full: bool) -> str:
     tests = REPO / "tests" / "kernels"
     command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider",
                "--ignore", str(tests / "test_kernel_bench.py"), *([] if full else ["-m", "not slow"])]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-2000:], sep="\n")

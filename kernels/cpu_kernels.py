@@ -74,22 +74,20 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
 
 def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
          context_lens: Tensor, query_start_loc: Tensor, scale: float) -> None:
-    """Hand contiguous-last-dim tensors of the right index dtypes to the C++ routine."""
+    """Hand contiguous-last-dim tensors of the right index dtypes to the C++ routine (few tensor ops: this
+    runs once per layer per step)."""
     if query.device.type != "cpu":
         raise ValueError(f"the cpu backend needs CPU tensors, got {query.device}")
     if query.shape[0] == 0:
         return
-    context_lens = context_lens.to(torch.int32)
-    blocks_used = -(-context_lens.long() // key_cache.shape[1])
-    if block_tables.shape[1] < int(blocks_used.max()):
-        raise ValueError(f"block_tables has {block_tables.shape[1]} columns but a context needs "
-                         f"{int(blocks_used.max())} blocks")
     key_cache, value_cache = (c if c.stride(-1) == 1 else c.contiguous() for c in (key_cache, value_cache))
     if value_cache.dtype != query.dtype or key_cache.dtype != query.dtype:
         raise ValueError(f"query and caches must share a dtype, got {query.dtype}, {key_cache.dtype}")
     query = query if query.stride(-1) == 1 else query.contiguous()
+    # A context needing more blocks than block_tables has columns is refused (ValueError) by the C++ planner.
     extension().paged_attention(out, query, key_cache, value_cache, block_tables.to(torch.int32).contiguous(),
-                                context_lens.contiguous(), query_start_loc.contiguous(), float(scale))
+                                context_lens.to(torch.int32).contiguous(), query_start_loc.contiguous(),
+                                float(scale))
 
 
 def cache_root() -> Path:

@@ -1,6 +1,6 @@
-"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching) and
-llama.cpp (when installed) on the same seeded workloads in one run, plus the sharing, fixed-budget and
-roofline experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
+"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching),
+llama.cpp and vLLM's CPU backend (when installed: `inference/bench/peers/setup_*.sh`) on the same seeded
+workloads in one run, plus the sharing, fixed-budget, roofline and decode-step experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from inference.bench import experiments, plots, quantization, report, roofline, workloads
+from inference.bench import experiments, plots, quantization, report, roofline, vs_vllm, workloads
 from inference.bench.engines import hf_continuous, hf_static, llamacpp, ours
 from inference.bench.engines.base import EngineRun, RunConfig
 from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp")
-EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long", "quantization")
+EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long", "quantization", "vs-vllm")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
 SHARED_PREFIX_RATE = {"full": 1.0, "quick": 4.0}
+# Decode-step batch and contexts of the vs-vLLM experiment (the issue's figures; tiny in the smoke run).
+DECODE_STEP_SHAPES = {"full": (32, (128, 1024)), "quick": (4, (32, 96))}
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ def _save(path: Path | None, result: dict[str, Any], stages: Stages, began: floa
 def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tokenizer: Any, progress: bool,
                     stages: Stages, out: dict[str, Any], chat: workloads.Workload) -> None:
     """Roofline, prefix caching on/off, n=4 sharing, beam sharing, long prompts (ours, plus HF for the
-    roof) and the weight formats on the chat workload, each added to `out` as soon as it is done."""
+    roof), the weight formats on the chat workload, and ours vs vLLM CPU, each added to `out` as soon as it
+    is done."""
     todo = args.experiment_list
     if "quantization" in todo:
         with stages.time("quantization"):
@@ -249,6 +252,14 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
         with stages.time("long"):
             long = load_or_build("long", args, mode, tokenizer)
             out["long"] = ours.run(long, config, progress=progress).figures(config)
+    if "vs-vllm" in todo:
+        with stages.time("vs_vllm"):
+            compared = {"chat": chat}
+            if mode is FULL:  # the smoke run keeps to the chat workload
+                compared["shared-prefix"] = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
+                                                          rate=SHARED_PREFIX_RATE[mode.name])
+            batch, contexts = DECODE_STEP_SHAPES[mode.name]
+            out["vs_vllm"] = vs_vllm.measure(compared, config, batch, contexts, progress)
 
 
 def machine() -> dict[str, Any]:

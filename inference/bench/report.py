@@ -185,6 +185,8 @@ def text_report(result: dict[str, Any]) -> str:
         parts.append(quantization_section(result["quantization"]))
     if "long" in result:
         parts.append("### long prompts (near max_model_len), ours\n" + engines_table({"ours": result["long"]}))
+    if "vs_vllm" in result:
+        parts.append(vs_vllm_section(result["vs_vllm"]))
     parts.append("### targets\n" + targets_table(result))
     return "\n\n".join(parts)
 
@@ -232,3 +234,22 @@ def pair_section(title: str, pair: dict[str, Any], a: str, b: str) -> str:
             ("prefix hit rate", "prefix_cache_hit_rate", "{:.2f}")]
     rows = [[t, fmt(pair[a].get(k), s), fmt(pair[b].get(k), s)] for t, k, s in keys]
     return f"### {title}\n" + markdown_table(["figure", a, b], rows)
+
+
+def vs_vllm_section(vs: dict[str, Any]) -> str:
+    """Ours vs vLLM CPU: tok/s per workload and decode step ms per context, with the ratio (>= 1: ours wins)."""
+    title = f"### ours vs vLLM CPU ({vs['dtype']}, back to back)"
+    if "vllm" not in vs:
+        return f"{title}\n- vllm: skipped ({vs['skipped']})"
+    rows = []
+    for name, figures in vs["ours"].items():
+        theirs = vs["vllm"][name]
+        if "step_s" in figures:
+            rows.append([f"decode step, batch {vs['decode_batch']}, {name.split('_')[1]} context (ms)",
+                         f"{figures['step_s'] * 1000:.1f}", f"{theirs['step_s'] * 1000:.1f}",
+                         f"{vs['ratios'][name]:.2f}x"])
+        else:
+            rows.append([f"{name} output tok/s", f"{figures['output_tokens_per_s']:.1f}",
+                         f"{theirs['output_tokens_per_s']:.1f}", f"{vs['ratios'][name]:.2f}x"])
+    return (f"{title} (vLLM {vs['vllm']['version']}, {vs['vllm']['kv_blocks']} KV blocks)\n"
+            + markdown_table(["figure", "ours", "vLLM", "ours faster by"], rows))

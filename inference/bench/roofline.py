@@ -48,15 +48,15 @@ def _numel(shape: list[int]) -> int:
     return out
 
 
-def _prompts(batch: int) -> list[list[int]]:
-    """Distinct prompts, so the prefix cache cannot merge them."""
-    return [[1000 + (i * 7 + j) % 30000 for j in range(PROMPT_TOKENS)] for i in range(batch)]
+def prompts(batch: int, length: int = PROMPT_TOKENS) -> list[list[int]]:
+    """Distinct prompts of `length` tokens, so the prefix cache cannot merge them."""
+    return [[1000 + (i * 7 + j) % 30000 for j in range(length)] for i in range(batch)]
 
 
-def ours_decode_step_s(engine: LLMEngine, batch: int, steps: int) -> float:
-    """Mean wall time of a decode step with `batch` running sequences (prefill excluded)."""
+def ours_decode_step_s(engine: LLMEngine, batch: int, steps: int, context: int = PROMPT_TOKENS) -> float:
+    """Mean wall time of a decode step with `batch` running sequences of ~`context` tokens (prefill excluded)."""
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
-    for i, prompt in enumerate(_prompts(batch)):
+    for i, prompt in enumerate(prompts(batch, context)):
         engine.add_request(f"roofline-{batch}-{i}", {"prompt_token_ids": prompt}, params)
     started: set[str] = set()
     while len(started) < batch:  # prefill (possibly chunked) until every sequence has its first token
@@ -74,7 +74,7 @@ def hf_decode_step_s(model: Any, batch: int, steps: int) -> float:
     """Mean wall time of an HF `generate` decode step at `batch` rows (the first, prefill, step excluded)."""
     from inference.bench.engines.hf_static import generate_padded
 
-    clock, _ = generate_padded(model, _prompts(batch), steps + 1, model.config.pad_token_id or 0)
+    clock, _ = generate_padded(model, prompts(batch), steps + 1, model.config.pad_token_id or 0)
     return (clock.times[-1] - clock.times[0]) / steps
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.bench import kv, workloads
+from inference.bench import kv, vs_vllm, workloads
+from inference.bench.engines import vllm_cpu
 from inference.bench.engines.base import RunConfig
 from inference.bench.engines.hf_static import static_batch_size
 from inference.bench.stats import RequestTiming, latency_figures, percentile
@@ -229,6 +230,14 @@ def test_quick_run_experiments_and_outputs(quick_result):
     assert all((out / "plots" / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
     saved = sorted(p.name for p in (out / "workloads").iterdir())
     assert "chat-quick.jsonl" in saved and "shared-prefix-quick.jsonl" in saved
+    vs = result["vs_vllm"]  # ours always; vLLM where its venv is installed, else a note saying how
+    assert vs["ours"]["chat"]["output_tokens"] == result["workload"]["output_tokens"]
+    assert all(vs["ours"][f"decode_{c}"]["step_s"] > 0 for c in (32, 96))
+    if "vllm" in vs:
+        assert vs["vllm"]["chat"]["output_tokens"] == result["workload"]["output_tokens"]
+        assert set(vs["ratios"]) == {"chat", "decode_32", "decode_96"} and all(r > 0 for r in vs["ratios"].values())
+    else:
+        assert "setup_vllm.sh" in vs["skipped"] or "vLLM failed" in vs["skipped"]
 
 
 @pytest.mark.slow
@@ -283,3 +292,24 @@ def test_lora_bench_writes_adapters_the_engine_loads(tmp_path):
     assert adapter.rank == 4 and len(adapter.weights) == cfg.num_layers * len(TARGET_MODULES)
     a, b = adapter.weights[(0, "gate_proj")]
     assert a.shape == (4, cfg.hidden_size) and b.shape == (cfg.intermediate_size, 4)
+
+
+def test_vllm_peer_gets_our_kv_budget_and_its_token_times_become_figures():
+    config = RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=23296)
+    # 23,296 slots x 46,080 bytes (float32 K and V) is just under 1 GiB; vLLM takes whole GiB, rounded up.
+    assert vllm_cpu.kv_cache_gib(config) == 1
+    assert vllm_cpu.kv_cache_gib(replace(config, kv_budget_tokens=100_000)) == 5
+    w = workloads.Workload("chat", 0, [workloads.BenchRequest("a", [1, 2, 3], 2),
+                                       workloads.BenchRequest("b", [4, 5], 3, arrival_time=0.5)])
+    served = {"token_times": {"a": [0.2, 0.3], "b": [0.7, 0.8, 1.0]}, "cpu_s": 2.0}
+    figures = vllm_cpu.engine_run(w, served, kv_blocks=10, config=config).figures(config)
+    assert figures["output_tokens"] == 5 and figures["num_requests"] == 2
+    assert figures["ttft_p50_s"] == pytest.approx(0.2)  # a: 0.2 after 0; b: 0.2 after 0.5
+    assert figures["output_tokens_per_cpu_s"] == pytest.approx(2.5)
+    assert figures["kv_peak_reserved_tokens"] == 160  # the 10 blocks vLLM allocated, not our budget
+
+
+def test_vs_vllm_ratios_are_ours_faster_by():
+    out = {"ours": {"chat": {"output_tokens_per_s": 300.0}, "decode_128": {"step_s": 0.02}},
+           "vllm": {"chat": {"output_tokens_per_s": 200.0}, "decode_128": {"step_s": 0.03}}}
+    assert vs_vllm.ratios(out) == pytest.approx({"chat": 1.5, "decode_128": 1.5})

@@ -15,7 +15,7 @@ from tests.inference.tiny_models import SHAPE, save_tiny
 ], ids=["llama-untied", "qwen2-bias"])
 def test_tiny_local_model_matches_hf(tmp_path, model_cls, config):
     hf = save_tiny(tmp_path, model_cls, config)
-    llm = LLM(model=str(tmp_path), num_kv_blocks=64, max_model_len=256)
+    llm = LLM(model=str(tmp_path), num_kv_blocks=64, max_model_len=256, dtype="float32")
     tok = llm.get_tokenizer()
     for prompt in ["Hello there", "The quick brown fox jumps over"]:
         ids = tok.encode(prompt, add_special_tokens=False)

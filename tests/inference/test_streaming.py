@@ -12,7 +12,7 @@ from tests.inference.oracle_prompts import ORACLE_PROMPTS
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = StreamingEngine(num_kv_blocks=256)
+    engine = StreamingEngine(num_kv_blocks=256, dtype="float32")
     engine.start()
     yield engine
     engine.shutdown()

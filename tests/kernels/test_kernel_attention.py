@@ -168,3 +168,13 @@ def test_empty_batch_gives_empty_output(request, device, backend):
     starts = torch.zeros(1, dtype=torch.int32, device=device)
     assert ops.paged_attention_decode(query, cache, cache, tables, lens, 0.125).shape == (0, 2, 64)
     assert ops.paged_attention_prefill(query, cache, cache, tables, lens, starts, 0.125).shape == (0, 2, 64)
+
+
+def test_cpu_kernels_refuse_a_block_table_too_narrow_for_its_context(request, device):
+    """The C++ planner checks what it would otherwise read out of bounds: a context past the table's width."""
+    ops = backend_module(request, device, "cpu")
+    case = make_case(8, 3, 64, "fp32", None, device, [5, 20])
+    narrow = case.block_tables[:, :2]  # 20 tokens need 3 blocks of 8
+    with pytest.raises(ValueError, match="block_tables has 2 columns but a context of 20 tokens needs 3 blocks"):
+        ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, narrow, case.context_lens,
+                                   case.scale)

@@ -1,0 +1,73 @@
+"""Ours against vLLM's CPU backend, back to back in one run: the chat and shared-prefix workloads (output
+tok/s) and the decode step at batch 32 with 128 and 1,024 tokens of context (issue 12's figures; the quick
+mode uses smaller ones).
+
+Ours runs first, then vLLM (one subprocess for all its tasks, so it compiles once); both get the same
+prompts, arrival times, KV budget (raised to hold 32 x 1,024-token sequences) and threads. On a shared
+machine only the ratios mean much, and each side's CPU seconds are reported beside the wall figures.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from typing import Any
+
+from inference.bench import roofline
+from inference.bench.engines import ours, vllm_cpu
+from inference.bench.engines.base import RunConfig
+from inference.bench.workloads import Workload
+
+DECODE_STEPS = 6
+
+
+def decode_config(config: RunConfig, batch: int, contexts: tuple[int, ...]) -> RunConfig:
+    """The shared budget, raised if needed to hold `batch` sequences at the longest context."""
+    need = batch * (max(contexts) + DECODE_STEPS + 8)
+    need = -(-need // config.block_size) * config.block_size
+    return replace(config, kv_budget_tokens=max(config.kv_budget_tokens, need))
+
+
+def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
+            contexts: tuple[int, ...] = (128, 1024), progress: bool = False) -> dict[str, Any]:
+    """{"ours": {...}, "vllm": {...} or "skipped", "ratios": ours/vLLM tok/s and vLLM/ours step time}."""
+    config = decode_config(config, batch, contexts)
+    engine = ours.make_engine(config)
+    out: dict[str, Any] = {"kv_budget_tokens": config.kv_budget_tokens, "dtype": config.dtype,
+                           "decode_batch": batch, "ours": {}}
+    for name, workload in workloads.items():
+        out["ours"][name] = ours.run(workload, config, engine=engine, progress=progress).figures(config)
+    for context in contexts:
+        out["ours"][f"decode_{context}"] = {
+            "step_s": roofline.ours_decode_step_s(engine, batch, DECODE_STEPS, context)}
+    del engine
+    if not vllm_cpu.available():
+        out["skipped"] = vllm_cpu.unavailable_reason()
+        return out
+    tasks = [vllm_cpu.workload_task(name, w) for name, w in workloads.items()]
+    tasks += [{"kind": "decode_step", "name": f"decode_{c}", "prompts": roofline.prompts(batch, c),
+               "steps": DECODE_STEPS} for c in contexts]
+    try:
+        served = vllm_cpu.run_tasks(config, tasks)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the rest of the run's figures still count
+        out["skipped"] = f"vLLM failed: {exc}"
+        return out
+    out["vllm"] = {"version": served["vllm_version"], "kv_blocks": served["kv_blocks"]}
+    for name, workload in workloads.items():
+        out["vllm"][name] = vllm_cpu.engine_run(workload, served[name], served["kv_blocks"], config).figures(config)
+    for context in contexts:
+        out["vllm"][f"decode_{context}"] = served[f"decode_{context}"]
+    out["ratios"] = ratios(out)
+    return out
+
+
+def ratios(out: dict[str, Any]) -> dict[str, float]:
+    """Per workload ours/vLLM output tok/s (>= 1: ours faster); per context vLLM/ours step time (>= 1 likewise)."""
+    result = {}
+    for name, figures in out["ours"].items():
+        theirs = out["vllm"][name]
+        if "step_s" in figures:
+            result[name] = theirs["step_s"] / figures["step_s"]
+        else:
+            result[name] = figures["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+    return result

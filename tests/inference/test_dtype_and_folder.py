@@ -1,0 +1,25 @@
+"""dtype="auto" is float32 on CPU (the oracle mode) and explicit dtypes always win; the converted model folder
+names its architecture (vLLM and other tools refuse a null `architectures`)."""
+
+import json
+
+import torch
+
+from inference.config import EngineArgs
+from inference.model_loader import DEFAULT_MODEL, _name_architecture, resolve_model
+
+
+def test_auto_dtype_is_float32_on_cpu_and_explicit_dtypes_win():
+    assert EngineArgs().resolve_dtype(torch.device("cpu")) == torch.float32
+    assert EngineArgs(dtype="bfloat16").resolve_dtype(torch.device("cpu")) == torch.bfloat16
+    assert EngineArgs(dtype="float32").resolve_dtype(torch.device("cuda")) == torch.float32
+
+
+def test_converted_folder_names_its_architecture(tmp_path):
+    assert json.loads((resolve_model(DEFAULT_MODEL) / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLM"]
+    # A folder converted before the fix is repaired in place, keeping every other key.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None, "x": 1}))
+    _name_architecture(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text()) == {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "x": 1}
