@@ -15,6 +15,7 @@ message instead of an import error.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -123,8 +124,14 @@ def _build() -> tuple[ModuleType | None, str]:
     build_dir = cache_root() / f"paged_attention_cpu-{tag}"
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        module = cpp_extension.load(name="paged_attention_cpu", sources=[str(_SOURCE)], extra_cflags=flags,
-                                    build_directory=str(build_dir), verbose=False)
+        # torch's own build lock is a plain file that a build killed midway leaves behind, and every later
+        # process then waits for it forever (a worker that never starts). An flock dies with its holder: under
+        # it, no other process is building, so a leftover torch lock is stale and is removed.
+        with open(build_dir / "build.flock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (build_dir / "lock").unlink(missing_ok=True)
+            module = cpp_extension.load(name="paged_attention_cpu", sources=[str(_SOURCE)], extra_cflags=flags,
+                                        build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"
     return module, ""

@@ -94,3 +94,29 @@ def test_import_without_triton_still_serves_the_reference():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "refused: the triton backend is unavailable" in result.stdout
+
+
+def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_start(monkeypatch, tmp_path):
+    """torch's build lock is a plain file; a build killed midway leaves it, and the next process waited for it
+    forever. Under our flock (held by no one else), the leftover is removed before building."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("PAGED_PLAYGROUND_CACHE", str(tmp_path))
+    builds = []
+
+    def killed_midway(name, sources, extra_cflags, build_directory, verbose):
+        (Path(build_directory) / "lock").touch()  # what the killed build leaves behind
+        raise RuntimeError("killed")
+
+    def build(name, sources, extra_cflags, build_directory, verbose):
+        builds.append((Path(build_directory) / "lock").exists())
+        return object()
+
+    try:
+        for load in (killed_midway, build):
+            cpu_kernels._build.cache_clear()
+            monkeypatch.setattr(cpp_extension, "load", load)
+            cpu_kernels._build()
+        assert builds == [False]
+    finally:
+        cpu_kernels._build.cache_clear()  # later tests load the real extension again
