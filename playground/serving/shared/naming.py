@@ -3,6 +3,10 @@ import re
 
 GPU_QUEUE = "gpu"
 CONTROL_GROUP = "gpu.control"  # every worker listens here for aborts
+# The prefix of every channel a worker process receives on. channels_redis serves all channels of one prefix
+# through one Redis list and one receive lock; channels of two prefixes in one process take turns on that
+# lock, each blocking the other for up to its pop timeout (a reset or abort handled seconds late).
+WORKER_CHANNEL_PREFIX = "gpu.control."
 TASK_NAME = "serving.generate"
 # What a lab page may ask of its sandbox (playground.lab relays them; the worker's lab_host runs them).
 LAB_COMMANDS = ("open", "add", "step", "abort", "answer", "recording", "close")

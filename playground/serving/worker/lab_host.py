@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from channels.layers import get_channel_layer
 
-from ..shared.naming import LAB_COMMANDS, lab_group, lab_worker_group
+from ..shared.naming import LAB_COMMANDS, WORKER_CHANNEL_PREFIX, lab_group, lab_worker_group
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S
 from .engine_service import EngineService, EngineUnavailable
@@ -78,7 +78,7 @@ class LabHost:
         layer = get_channel_layer()
         while True:
             try:
-                channel = await layer.new_channel("lab.worker.")
+                channel = await layer.new_channel(WORKER_CHANNEL_PREFIX)
                 await layer.group_add(lab_worker_group(self.worker), channel)
                 while True:
                     message = await layer.receive(channel)

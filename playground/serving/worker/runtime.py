@@ -36,7 +36,7 @@ from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .engine_service import EngineService, EngineUnavailable
 from .lab_host import LabHost
-from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, request_group, worker_queue
+from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, request_group, worker_queue
 from ..shared.retry import once_more
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class WorkerRuntime:
                 await asyncio.sleep(1)
 
     async def _receive_aborts(self, layer) -> None:
-        channel = await layer.new_channel("gpu.control.")
+        channel = await layer.new_channel(WORKER_CHANNEL_PREFIX)
         loop = asyncio.get_running_loop()
         rejoin_at = 0.0
         while True:
