@@ -32,7 +32,6 @@ nothing after it, so what it holds stays replayable.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -312,9 +311,6 @@ class EventLog:
     def since(self, step: int) -> list[EngineEvent]:
         """Buffered events from `step` on, oldest first."""
         return [e for e in self.events if e.step >= step]
-
-    def to_json(self) -> str:
-        return json.dumps([e.to_dict() for e in self.events])
 
 
 @dataclass

@@ -41,10 +41,10 @@ from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
 from inference.outputs import RequestOutput, StreamDelta
-
-T = TypeVar("T")
 from inference.sampling_params import SamplingParams
 from inference.sequence import Request
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 _END = object()
