@@ -64,10 +64,15 @@ class RequestStream:
         self.error: str | None = None
         # Output indices whose finishing delta was sent (touched by the loop thread only).
         self.closed_indices: set[int] = set()
+        # Set by the reader before it reads, to be woken instead of polling: called on the loop thread after
+        # each delta is queued, so it must be cheap (e.g. schedule a wake-up on the reader's event loop).
+        self.on_put: Callable[[], None] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
     def _put(self, item: object) -> None:
         self._queue.put(item)
+        if self.on_put is not None:
+            self.on_put()
 
     def get(self, timeout: float | None = None) -> StreamDelta | None:
         """Next delta, or None at the end of the stream; raises queue.Empty on timeout."""
