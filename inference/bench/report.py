@@ -251,5 +251,6 @@ def vs_vllm_section(vs: dict[str, Any]) -> str:
         else:
             rows.append([f"{name} output tok/s", f"{figures['output_tokens_per_s']:.1f}",
                          f"{theirs['output_tokens_per_s']:.1f}", f"{vs['ratios'][name]:.2f}x"])
-    return (f"{title} (vLLM {vs['vllm']['version']}, {vs['vllm']['kv_blocks']} KV blocks)\n"
+    return (f"{title} (vLLM {vs['vllm']['version']}, {vs['vllm']['kv_blocks']} KV blocks; both engines: blocks of "
+            f"{vs['block_size']} tokens, a budget of {vs['kv_budget_tokens']} token slots)\n"
             + markdown_table(["figure", "ours", "vLLM", "ours faster by"], rows))

@@ -19,10 +19,14 @@ from inference.bench.engines.base import RunConfig
 from inference.bench.workloads import Workload
 
 DECODE_STEPS = 6
+VLLM_CPU_BLOCK_MULTIPLE = 32  # vLLM 0.32's CPU attention: "No common block size for 16 (CPU_ATTN: MultipleOf(32))"
 
 
 def decode_config(config: RunConfig, batch: int, contexts: tuple[int, ...]) -> RunConfig:
-    """The shared budget, raised if needed to hold `batch` sequences at the longest context."""
+    """The shared budget, raised if needed to hold `batch` sequences at the longest context; the block size
+    raised to the next multiple vLLM's CPU attention takes (both engines get it, so pages stay alike)."""
+    block = -(-config.block_size // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
+    config = replace(config, block_size=block)
     need = batch * (max(contexts) + DECODE_STEPS + 8)
     need = -(-need // config.block_size) * config.block_size
     return replace(config, kv_budget_tokens=max(config.kv_budget_tokens, need))
@@ -33,7 +37,8 @@ def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
     """{"ours": {...}, "vllm": {...} or "skipped", "ratios": ours/vLLM tok/s and vLLM/ours step time}."""
     config = decode_config(config, batch, contexts)
     engine = ours.make_engine(config)
-    out: dict[str, Any] = {"kv_budget_tokens": config.kv_budget_tokens, "dtype": config.dtype,
+    out: dict[str, Any] = {"kv_budget_tokens": config.kv_budget_tokens, "block_size": config.block_size,
+                           "dtype": config.dtype,
                            "decode_batch": batch, "ours": {}}
     for name, workload in workloads.items():
         out["ours"][name] = ours.run(workload, config, engine=engine, progress=progress).figures(config)

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from playground.serving.shared import registry
@@ -19,6 +20,7 @@ from playground.serving.web import dispatch
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from . import feed
+from .subscription import Subscription
 from .views import is_staff
 
 
@@ -40,6 +42,7 @@ def _text_field(frame: dict[str, Any], name: str) -> str:
 class SnapshotFeed(AsyncJsonWebsocketConsumer):
     """Relays the snapshots of `group` to users `allowed` to see them; others are closed with `refusal`."""
 
+    channel_layer_alias = None  # the Subscription owns the channel, so a failing layer is a frame, not 1011
     group: str
     refusal: int
     full = False  # full snapshots (a watch lease) rather than summaries
@@ -49,14 +52,19 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
         return False
 
     async def connect(self) -> None:
+        self.subscription: Subscription | None = None
         if not self.allowed(self.scope.get("user")):
             await self.close(code=self.refusal)
             return
+        self.subscription = Subscription((self.group,), self,
+                                         on_relay=lambda layer: feed.ask_for_snapshots(layer, self.full))
+        await self.subscription.start()
         await self.accept()
-        await feed.watch(self.channel_layer, self.channel_name, self.group, self.full)
+        self.subscription.relay()
 
     async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+        if getattr(self, "subscription", None) is not None:
+            await self.subscription.close()
 
     async def kv_snapshot(self, event: dict[str, Any]) -> None:
         await self.send_json(event["snapshot"])
@@ -86,7 +94,7 @@ class MemoryConsumer(SnapshotFeed):
         self.renewals: asyncio.Task | None = None
         await super().connect()
         if self.allowed(self.scope.get("user")):
-            self.renewals = asyncio.create_task(feed.keep_watching(self.channel_layer))
+            self.renewals = asyncio.create_task(feed.keep_watching(get_channel_layer()))
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "renewals", None) is not None:
@@ -112,7 +120,7 @@ class MemoryConsumer(SnapshotFeed):
         if kind == "reset_prefix_cache":
             if await registry.aget(worker) is None:
                 raise InvalidAction(f"worker {worker} is not alive")
-            await feed.reset_prefix_cache(self.channel_layer, worker)
+            await feed.reset_prefix_cache(get_channel_layer(), worker)
             return f"Prefix cache of {worker} reset."
         if kind == "record":
             action = frame.get("action")
@@ -120,7 +128,7 @@ class MemoryConsumer(SnapshotFeed):
                 raise InvalidAction("action must be 'start' or 'stop'")
             if await registry.aget(worker) is None:
                 raise InvalidAction(f"worker {worker} is not alive")
-            await feed.record(self.channel_layer, worker, action)
+            await feed.record(get_channel_layer(), worker, action)
             return f"Recording of {worker}: {action} sent."
         raise InvalidAction("type must be 'abort', 'reset_prefix_cache' or 'record'")
 

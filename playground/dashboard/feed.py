@@ -35,10 +35,9 @@ WATCH_RENEW_S = 10.0
 WATCH_LEASE_S = 3 * WATCH_RENEW_S  # a lease outlives two lost renewals
 
 
-async def watch(layer: Any, channel_name: str, group: str, full: bool) -> None:
-    """Join a snapshot group and ask every worker for a fresh snapshot, so a new viewer sees each worker
+async def ask_for_snapshots(layer: Any, full: bool) -> None:
+    """Ask every worker for a fresh snapshot, so a viewer that just joined a snapshot group sees each worker
     at once even when it is idle (idle workers publish nothing); `full` also takes a watch lease."""
-    await layer.group_add(group, channel_name)
     await layer.group_send(CONTROL_GROUP, {"type": REFRESH, "watch": full})
 
 

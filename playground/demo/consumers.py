@@ -10,9 +10,11 @@ import math
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 from playground.dashboard import feed
+from playground.dashboard.subscription import Subscription
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from .blockview import demo_blocks
@@ -51,24 +53,33 @@ def may_present(user) -> bool:
 
 
 class DemoConsumer(AsyncJsonWebsocketConsumer):
+    channel_layer_alias = None  # the Subscription owns the channel (playground/dashboard/subscription.py)
+
     async def connect(self) -> None:
+        self.subscription: Subscription | None = None
+        self.renewals: asyncio.Task | None = None
         if not may_watch(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
-        self.renewals: asyncio.Task | None = None
-        await self.channel_layer.group_add(GROUP, self.channel_name)
-        await self.accept()
-        await self.send_json({"type": "state", **runner.state()})
-        await feed.watch(self.channel_layer, self.channel_name, feed.SUMMARY_GROUP, full=False)
         # Full snapshots too, for the block map of the demo's own requests (demo_blocks filters them).
-        await feed.watch(self.channel_layer, self.channel_name, feed.KV_GROUP, full=True)
-        self.renewals = asyncio.create_task(feed.keep_watching(self.channel_layer))
+        self.subscription = Subscription((GROUP, feed.SUMMARY_GROUP, feed.KV_GROUP), self,
+                                         on_relay=self.relaying)
+        await self.subscription.start()
+        await self.accept()
+        self.subscription.relay()
+        self.renewals = asyncio.create_task(feed.keep_watching(get_channel_layer()))
+
+    async def relaying(self, layer) -> None:
+        """In the groups (again): the run's state as of now (the events queued since follow it), and fresh
+        snapshots."""
+        await self.send_json({"type": "state", **runner.state()})
+        await feed.ask_for_snapshots(layer, full=True)
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "renewals", None) is not None:
             self.renewals.cancel()
-        for group in (GROUP, feed.SUMMARY_GROUP, feed.KV_GROUP):
-            await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "subscription", None) is not None:
+            await self.subscription.close()
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:

@@ -119,16 +119,31 @@ def test_a_worker_killed_mid_stream(stack):
     assert_idle_without_blocks(stack, "w2@faults")
 
 
+async def feed_frames(ws, until: str, timeout: float = 30) -> list[dict]:
+    """A demo socket's frames up to and including the first of type `until` (a close raises)."""
+    frames = []
+    while not frames or frames[-1]["type"] != until:
+        frames.append(json.loads(await asyncio.wait_for(ws.recv(), timeout)))
+    return frames
+
+
 def test_redis_killed_and_restarted_mid_stream(stack):
     async def scenario():
-        tasks, _ = await streaming_clients(stack, 6)
-        fault_at = time.monotonic()
-        stack.redis.kill()
-        ends = await asyncio.gather(*tasks)
-        stack.redis.start()
-        return ends, fault_at
+        demo_url = stack.ws_url.replace("/ws/chat/", "/ws/demo/")
+        async with connect(demo_url, origin=stack.base_url, proxy=None, open_timeout=30) as demo:
+            tasks, _ = await streaming_clients(stack, 6)
+            fault_at = time.monotonic()
+            stack.redis.kill()
+            ends = await asyncio.gather(*tasks)
+            lost = await feed_frames(demo, "error")  # the demo page's feed: a frame, not a 1011 close
+            stack.redis.start()
+            back = await feed_frames(demo, "ack", timeout=60)
+        return ends, fault_at, lost[-1], back
 
-    ends, fault_at = asyncio.run(scenario())
+    ends, fault_at, lost, back = asyncio.run(scenario())
+    assert "channel layer is unavailable" in lost["message"]
+    assert back[-1]["message"] == "live updates resumed"
+    assert any(frame["type"] == "state" for frame in back)  # the page gets the run's state again
     assert_ended_in_time(ends, fault_at)  # each an error frame or its reply; a 1011 close would have raised
     errors = [e for e in ends if e["type"] == "error"]
     assert errors and all(e.get("request_id") for e in errors), ends

@@ -7,6 +7,10 @@ CONTROL_GROUP = "gpu.control"  # every worker listens here for aborts
 # through one Redis list and one receive lock; channels of two prefixes in one process take turns on that
 # lock, each blocking the other for up to its pop timeout (a reset or abort handled seconds late).
 WORKER_CHANNEL_PREFIX = "gpu.control."
+# The same rule in a web process: every channel it receives on (a request's, a feed's, the lab socket's own)
+# has Channels' default prefix, the one a consumer's own channel gets. With a second prefix, an idle memory
+# view's feed held that lock for its 5 s pop while chat tokens waited (the fault suite caught it).
+WEB_CHANNEL_PREFIX = "specific."
 TASK_NAME = "serving.generate"
 # What a lab page may ask of its sandbox (playground.lab relays them; the worker's lab_host runs them).
 LAB_COMMANDS = ("open", "add", "step", "abort", "answer", "recording", "close")

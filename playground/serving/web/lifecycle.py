@@ -29,7 +29,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from ..shared.naming import request_group
+from ..shared.naming import WEB_CHANNEL_PREFIX, request_group
 from ..shared.retry import once_more
 from . import dispatch, liveness
 
@@ -192,7 +192,7 @@ class Generation:
         """Listen on the request's group, then queue the task; raises GenerationFailed("unavailable") when
         the channel layer or the broker cannot be reached."""
         try:
-            self._channel = await self._layer.new_channel("gen.")
+            self._channel = await self._layer.new_channel(WEB_CHANNEL_PREFIX)
             await once_more(lambda: self._layer.group_add(request_group(self.request_id), self._channel))
         except Exception as exc:
             logger.exception("channel layer failed for request %s", self.request_id)
