@@ -188,7 +188,10 @@ class Ranks:
     def _death(self) -> str | None:
         """Why the first rank process that has exited did, or None while all run."""
         for rank, process in enumerate(self.processes, start=1):
-            if process.pid is not None and not process.is_alive():
+            if process.pid is None or not wait([process.sentinel], timeout=0):
+                continue
+            process.join(1.0)  # its sentinel closes a moment before it can be reaped
+            if process.exitcode is not None:
                 message = f"tensor-parallel rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
                 key = f"error/{rank}"
                 if self._store.check([key]):
