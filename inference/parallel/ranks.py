@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import os
 import threading
 import time
 import traceback
@@ -57,6 +58,12 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     if device.type == "cpu":
         return device
     return torch.device(device.type, (device.index or 0) + rank)
+
+
+def cpu_threads_per_rank(size: int) -> int:
+    """torch threads for each of `size` ranks sharing this machine's CPUs: an equal share. Rank processes
+    get it; rank 0 keeps the caller's own setting (set it to this for an even split)."""
+    return max(1, len(os.sched_getaffinity(0)) // size)
 
 
 def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.device,
@@ -97,7 +104,7 @@ class Ranks:
         self._lock = threading.Lock()  # one header + payload at a time; close never cuts into a send
         self._closed = False
         self._store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=START_TIMEOUT, wait_for_workers=False)
-        threads = max(1, torch.get_num_threads() // size) if device.type == "cpu" else 1
+        threads = cpu_threads_per_rank(size) if device.type == "cpu" else 1
         context = mp.get_context("spawn")
         self.processes = [
             context.Process(target=_rank_main, args=(rank, args, folder, self._store.port, threads),

@@ -8,6 +8,7 @@ one torch thread each (the test process' two, split).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -20,6 +21,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from inference import LLM, EngineDeadError, SamplingParams, StreamingEngine
+from inference.bench import tensor_parallel as tensor_parallel_bench
+from inference.lab import LabConfig, LabSession
 from inference.parallel.group import Group
 from inference.parallel.layers import WeightShards
 from inference.parallel.ranks import RankFailedError
@@ -134,6 +137,12 @@ def test_n_samples_fork_and_copy_on_write_under_tp(smollm_tp3, hf_greedy):
     assert_idle(smollm_tp3)
 
 
+def test_a_lab_sandbox_cannot_share_a_tensor_parallel_engines_weights(smollm_tp3):
+    # Its forwards would run on rank 0's shard alone: the other ranks follow only the engine's own steps.
+    with pytest.raises(ValueError, match="cannot share a tensor-parallel engine's weights"):
+        LabSession(LabConfig(), shared=smollm_tp3.llm_engine)
+
+
 def test_preemption_and_chunked_prefill_under_tp(hf_greedy):
     # 24 blocks cannot hold eight prompts and their outputs at once, and a budget of 64 tokens cuts the long
     # prompts into chunks: sequences are preempted, recomputed and still give HF's tokens.
@@ -193,6 +202,15 @@ def test_int4_quantized_at_load_under_tp_equals_tp1(tiny_llama):
              tensor_parallel_size=2) as two:
         assert greedy_tokens(two, prompts, params) == want
         assert two.metrics()["quantization"] == "int4"
+
+
+def test_the_benchmark_measures_step_time_and_collectives(tiny_llama, capsys):
+    tensor_parallel_bench.main(["--model", str(tiny_llama[0]), "--tp", "1,2", "--batch", "2", "--prompt-len", "8",
+                                "--steps", "3", "--json"])
+    one, two = json.loads(capsys.readouterr().out)["results"]
+    assert (one["tensor_parallel_size"], two["tensor_parallel_size"]) == (1, 2)
+    assert one["comm_ms"] == 0 < two["comm_ms"] < two["step_ms"]
+    assert two["kv_pool_bytes_per_rank"] * 2 == one["kv_pool_bytes_per_rank"]  # same blocks, half the heads each
 
 
 # --- faults -------------------------------------------------------------------------------------------
