@@ -33,7 +33,7 @@ from inference.scheduler import ScheduledSeq
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
     """Bytes one physical block takes across all layers, K and V, on one of `tensor_parallel_size` ranks."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads // tensor_parallel_size * cfg.head_dim * itemsize
+    return 2 * cfg.num_layers * block_size * (cfg.num_kv_heads // tensor_parallel_size) * cfg.head_dim * itemsize
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
@@ -50,7 +50,9 @@ class ModelRunner:
         `group`, the runner of rank `group.rank` in a rank process. `weights_of`: another engine's runner
         whose weights this one uses (a lab sandbox), with its own KV pool."""
         self.ranks: Ranks | None = None
-        self.device = rank_device(args.resolve_device(), group.rank if group else 0)
+        self.device = args.resolve_device()
+        if args.tensor_parallel_size > 1:
+            self.device = rank_device(self.device, group.rank if group else 0)
         self.dtype = args.resolve_dtype(self.device)
         self.block_size = args.block_size
         if weights_of is None:

@@ -54,7 +54,8 @@ class RankFailedError(RuntimeError):
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
-    """Rank r's device: the CPU for every rank, or the r-th CUDA device from the one asked for."""
+    """Rank r's device: the CPU for every rank, or the r-th CUDA device from the one asked for (always with
+    its index: NCCL binds each rank to one)."""
     if device.type == "cpu":
         return device
     return torch.device(device.type, (device.index or 0) + rank)

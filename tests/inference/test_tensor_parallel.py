@@ -12,8 +12,11 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+REPO = Path(__file__).resolve().parents[2]
 TP1_BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 4  # SmolLM2: 30 layers, 3 KV heads of 64, float32, block of 16
 
 
@@ -248,6 +252,35 @@ def test_a_rank_killed_mid_generation_fails_every_stream_within_seconds(tiny_lla
         assert all(b.ref_count == 0 for b in engine.engine.block_manager.pool.blocks)
     finally:
         engine.shutdown()
+
+
+def test_the_ranks_exit_when_the_engine_process_is_killed(tiny_llama):
+    code = ("import sys, time\nfrom inference import LLM\n"
+            f"llm = LLM(model={str(tiny_llama[0])!r}, num_kv_blocks=64, max_model_len=256, tensor_parallel_size=2)\n"
+            "print(*llm.llm_engine.runner.ranks.pids, flush=True)\ntime.sleep(120)\n")
+    engine = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    hung = threading.Timer(60, engine.kill)  # a start that hangs ends the readline below (and fails the test)
+    hung.start()
+    try:
+        pids = [int(pid) for pid in engine.stdout.readline().split()]
+        assert len(pids) == 1 and _running(pids[0])
+    finally:
+        hung.cancel()
+        engine.kill()
+        engine.wait()
+    deadline = time.monotonic() + 10
+    while _running(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pids[0])  # its connections to rank 0 closed, so it left its wait for the next step
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's reaper may be slow, or absent in a container)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
 
 
 def test_llm_generate_raises_when_a_rank_dies_and_frees_everything(tiny_llama):
