@@ -58,6 +58,7 @@ def _measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
         while any(s.num_computed_tokens < s.num_prompt_tokens for r in engine.requests.values() for s in r.seqs):
             engine.step()  # the prefills
         steps, comm = [], []
+        totals = dict(group.seconds)
         for _ in range(args.steps):
             before = sum(group.seconds.values())
             start = time.perf_counter()
@@ -74,6 +75,9 @@ def _measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
             "tok_per_s": args.batch / step_s,
             "comm_ms": comm_s * 1000,
             "comm_share": comm_s / step_s,
+            # Mean ms per step in each kind of collective (all_reduce, gather, broadcast).
+            "comm_ms_by_kind": {kind: (seconds - totals.get(kind, 0.0)) * 1000 / args.steps
+                                for kind, seconds in group.seconds.items()},
             "threads_per_rank": torch.get_num_threads(),
             "kv_pool_bytes_per_rank": engine.metrics(block_map=False)["kv_pool_bytes_per_rank"],
         }
@@ -98,11 +102,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"{args.model} on {args.device}, batch {args.batch} x {args.prompt_len}-token prompts, "
           f"median of {args.steps} decode steps")
-    print("| TP | threads/rank | start s | step ms | tok/s | in collectives (rank 0) ms | share |")
-    print("|---|---|---|---|---|---|---|")
+    print("| TP | threads/rank | start s | step ms | tok/s | in collectives (rank 0) ms | share | by kind ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
+        kinds = ", ".join(f"{kind} {ms:.1f}" for kind, ms in sorted(r["comm_ms_by_kind"].items())) or "-"
         print(f"| {r['tensor_parallel_size']} | {r['threads_per_rank']} | {r['start_s']:.1f} | {r['step_ms']:.1f} "
-              f"| {r['tok_per_s']:.1f} | {r['comm_ms']:.1f} | {r['comm_share']:.0%} |")
+              f"| {r['tok_per_s']:.1f} | {r['comm_ms']:.1f} | {r['comm_share']:.0%} | {kinds} |")
 
 
 if __name__ == "__main__":
