@@ -8,15 +8,13 @@ those names are their request ids, so the event log's plain-language sentences r
 After every `step()` the session hands back a `snapshot()`: the physical pool (ref counts, hashes, fill),
 each request's logical blocks with their physical block ids, the free queue in eviction order, the step's
 events with a sentence each, and the contiguous-allocation counterfactual (LLMEngine.contiguous_counterfactual).
-Single-threaded like the engine: one caller at a time.
+Single-threaded like the engine: one caller at a time. Beside a live engine, step it on that engine's loop
+thread with StreamingEngine.call_in_background, which keeps it to the gaps the live batch leaves.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import string
-import threading
 from dataclasses import asdict, dataclass
 
 from inference.beam_search import BeamSearchParams
@@ -41,19 +39,6 @@ LAB_BLOCK_SIZES = (8, 16)
 MAX_LAB_REQUESTS = 26  # one letter each
 RECORDING_LIMIT = 200_000  # events; a lab of 26 short requests stays far below
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-LAB_NICE = 19  # the lab's thread runs at the lowest CPU priority
-
-logger = logging.getLogger(__name__)
-
-
-def yield_to_live_work() -> None:
-    """Lower the calling thread's CPU priority to the minimum (Linux: nice is per thread, and the OpenMP
-    workers it starts inherit it), so a lab stepping beside a live engine takes only idle CPU. Call it at the
-    start of the thread that steps sandboxes, before its first forward."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LAB_NICE)
-    except (AttributeError, OSError) as exc:  # not Linux, or not permitted: the lab still works
-        logger.warning("could not lower the lab thread's priority: %s", exc)
 
 
 @dataclass(frozen=True)

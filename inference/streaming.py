@@ -14,6 +14,10 @@ request still queued) ends with an error, their blocks are freed, `health()` rep
 step it breaks or noticed between steps) kills the loop the same way: the engine cannot step again.
 `shutdown()` ends the in-flight streams the same way, and stops the rank processes.
 
+Work that must not slow the live requests (a lab sandbox's step) goes through `call_in_background`: the
+loop runs it when idle, and while busy only as long as background work has taken at most
+BACKGROUND_SHARE of the loop's time — on the loop's own thread, so it never competes for the cores.
+
     engine = StreamingEngine(model="smollm2-135m-instruct")
     engine.start()
     stream = engine.add_request("Hello", SamplingParams(max_tokens=32))
@@ -63,10 +67,15 @@ class RequestStream:
         self.error: str | None = None
         # Output indices whose finishing delta was sent (touched by the loop thread only).
         self.closed_indices: set[int] = set()
+        # Set by the reader before it reads, to be woken instead of polling: called on the loop thread after
+        # each delta is queued, so it must be cheap (e.g. schedule a wake-up on the reader's event loop).
+        self.on_put: Callable[[], None] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
     def _put(self, item: object) -> None:
         self._queue.put(item)
+        if self.on_put is not None:
+            self.on_put()
 
     def get(self, timeout: float | None = None) -> StreamDelta | None:
         """Next delta, or None at the end of the stream; raises queue.Empty on timeout."""
@@ -106,6 +115,10 @@ class EngineDeadError(RuntimeError):
 class StreamingEngine:
     # The block map in metrics() is rebuilt at most this often while busy (dashboards poll a few times a second).
     BLOCK_MAP_INTERVAL_S = 0.1
+    # While live requests run, background calls get at most this share of the loop's time (issue 17: a lab
+    # beside a live batch may slow it by 5% at most); credit saved while busy is capped at BACKGROUND_BURST_S.
+    BACKGROUND_SHARE = 0.03
+    BACKGROUND_BURST_S = 0.2
 
     def __init__(self, **kwargs) -> None:
         self.args = EngineArgs(**kwargs)
@@ -114,6 +127,8 @@ class StreamingEngine:
         self.tokenizer = load_tokenizer(resolve_model(self.args.model))
         self._tokenizer_lock = threading.Lock()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._background: queue.SimpleQueue = queue.SimpleQueue()
+        self._background_credit_s = 0.0  # loop-thread only: background time earned by live steps, not yet spent
         self._wakeup = threading.Event()
         self._streams: dict[str, RequestStream] = {}
         self._metrics: dict = self.engine.metrics()
@@ -193,6 +208,18 @@ class StreamingEngine:
         self._wakeup.set()
         return future
 
+    def call_in_background(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Like `call`, for work that must not slow the live requests: `fn` runs on the loop thread when no
+        request is running, or between steps once background calls have used less than BACKGROUND_SHARE of
+        the loop's busy time. Calls run one at a time, in order."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise EngineDeadError(self._closed)
+            self._background.put((fn, future))
+        self._wakeup.set()
+        return future
+
     def health(self) -> EngineHealth:
         thread = self._thread
         alive = thread is not None and thread.is_alive() and self._closed is None
@@ -228,10 +255,13 @@ class StreamingEngine:
                     self._check_integrity()
                     self._refresh_metrics(force=True)
                     checked_since_busy = True
+                if self._run_background(idle=True):
+                    continue  # look for live work before the next background call
                 self._wakeup.wait(timeout=0.5)
                 self._wakeup.clear()
                 continue
             checked_since_busy = False
+            began = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except RankFailedError:
@@ -244,6 +274,29 @@ class StreamingEngine:
             for output in outputs:
                 self._publish(output)
             self._refresh_metrics()
+            share = self.BACKGROUND_SHARE
+            self._background_credit_s = min(self.BACKGROUND_BURST_S, self._background_credit_s
+                                            + (time.perf_counter() - began) * share / (1 - share))
+            self._run_background(idle=False)
+
+    def _run_background(self, idle: bool) -> bool:
+        """Run the next background call if the loop is idle or has credit for it; True if one ran. Its
+        duration is paid from the credit while busy (so one long call is followed by a longer wait)."""
+        if not idle and self._background_credit_s <= 0:
+            return False
+        try:
+            fn, future = self._background.get_nowait()
+        except queue.Empty:
+            return False
+        began = time.perf_counter()
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:
+                future.set_exception(exc)
+        if not idle:
+            self._background_credit_s -= time.perf_counter() - began
+        return True
 
     def _refresh_metrics(self, force: bool = False) -> None:
         """Counters after every step; the per-block map (O(blocks)) at most every BLOCK_MAP_INTERVAL_S."""
@@ -342,6 +395,12 @@ class StreamingEngine:
                 _end_with_error(stream, message)
             elif kind == "call":
                 stream.set_exception(EngineDeadError(message))
+        while True:
+            try:
+                _, future = self._background.get_nowait()
+            except queue.Empty:
+                break
+            future.set_exception(EngineDeadError(message))
         try:
             self._fail_all(message)
         except Exception:

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -98,3 +99,42 @@ def test_stream_holds_back_a_possible_stop_string(engine):
     params = SamplingParams(temperature=0, max_tokens=20, stop=" 7,")
     texts, _ = collect(engine.add_request("1, 2, 3, 4,", params))
     assert texts[0] == " 5, 6,"
+
+
+def test_background_calls_run_on_the_loop_thread_when_idle(engine):
+    loop_thread = engine.call(lambda _: threading.get_ident()).result(10)
+    assert engine.call_in_background(lambda e: (threading.get_ident(), e is engine.engine)).result(10) == (
+        loop_thread, True)
+    with pytest.raises(ZeroDivisionError):
+        engine.call_in_background(lambda _: 1 / 0).result(10)
+
+
+def test_background_calls_take_a_small_share_of_a_busy_loop(engine):
+    """While a live request decodes, 10 ms background calls queued all the while get no more than
+    BACKGROUND_SHARE of the loop's time (plus the saved credit and one call's overrun), yet they do run."""
+    cost_s, spent, done = 0.01, [], threading.Event()
+
+    def work(_):
+        began = time.perf_counter()
+        while time.perf_counter() - began < cost_s:
+            pass
+        spent.append(cost_s)
+
+    def feeder():
+        while not done.is_set():
+            engine.call_in_background(work).result(30)
+
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    started = time.perf_counter()
+    stream = engine.add_request(ORACLE_PROMPTS[0], params)
+    thread = threading.Thread(target=feeder)
+    thread.start()
+    collect(stream)
+    busy_s = time.perf_counter() - started
+    during = sum(spent)
+    done.set()
+    thread.join(30)
+    share = engine.BACKGROUND_SHARE
+    assert 0 < during <= share * busy_s + engine.BACKGROUND_BURST_S + cost_s
+    assert stream.final.outputs[0].finish_reason == "length"
+    assert idle(engine)

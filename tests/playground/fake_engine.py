@@ -20,10 +20,16 @@ class FakeStream:
         self.request_id = request_id
         self.final: RequestOutput | None = None
         self.error: str | None = None
+        self.on_put = None  # as RequestStream: the reader's wake-up, called after each delta
         self._queue: queue.Queue = queue.Queue()
 
     def get(self, timeout: float | None = None) -> StreamDelta | None:
         return self._queue.get(timeout=timeout)
+
+    def put(self, item: StreamDelta | None) -> None:
+        self._queue.put(item)
+        if self.on_put is not None:
+            self.on_put()
 
 
 class FakeStreamingEngine:
@@ -80,16 +86,16 @@ class FakeStreamingEngine:
                 metrics.first_token_time = time.perf_counter()
             for i, reply in enumerate(replies):
                 if emitted[i] < len(reply):
-                    stream._queue.put(StreamDelta(stream.request_id, i, reply[emitted[i]], [emitted[i]]))
+                    stream.put(StreamDelta(stream.request_id, i, reply[emitted[i]], [emitted[i]]))
                     emitted[i] += 1
             if all(e == len(r) for e, r in zip(emitted, replies)):
                 reason = "done"
         metrics.finished_time = time.perf_counter()
         if self.error is not None:  # the loop died: the stream ends with the error, no final output
             stream.error = self.error
-            stream._queue.put(StreamDelta(stream.request_id, 0, "", [], True, "error"))
+            stream.put(StreamDelta(stream.request_id, 0, "", [], True, "error"))
             self.live.pop(stream.request_id, None)
-            stream._queue.put(None)
+            stream.put(None)
             return
         outputs = []
         for i, reply in enumerate(replies):
@@ -97,7 +103,7 @@ class FakeStreamingEngine:
             outputs.append(CompletionOutput(i, reply[: emitted[i]], list(range(emitted[i])), finish))
         stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0)
         self.live.pop(stream.request_id, None)
-        stream._queue.put(None)
+        stream.put(None)
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

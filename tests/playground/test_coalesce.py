@@ -23,13 +23,17 @@ class TimedSource:
 
     def __init__(self, script: list[tuple[float, D]]) -> None:
         self.q: queue.Queue = queue.Queue()
+        self.on_put = None
+        self.put_at: list[float] = []
         start = time.monotonic()
 
         def feed() -> None:
-            for at, delta in script:
+            for at, delta in script + [(script[-1][0] if script else 0.0, None)]:
                 time.sleep(max(0.0, start + at - time.monotonic()))
                 self.q.put(delta)
-            self.q.put(None)
+                self.put_at.append(time.monotonic())
+                if self.on_put is not None:
+                    self.on_put()
 
         threading.Thread(target=feed, daemon=True).start()
 
@@ -162,6 +166,17 @@ def test_streams_are_polled_once_per_interval_after_their_first_text(bridge):
     TokenPublisher(bridge, 0.05, send).publish("r", source).result(timeout=5)
     assert [c["text"] for c in chunks(send.messages("r"))] == ["a", "b"]
     assert source.polls < 0.5 / 0.05 + 8  # about one empty poll per interval while waiting for "b"
+
+
+def test_text_after_a_quiet_spell_leaves_when_queued_not_at_the_next_tick(bridge):
+    """The stream wakes the publisher: "b", queued 0.5 s after "a" (2.5 intervals), goes out within a few
+    milliseconds, where polling once per interval would have held it until the tick at 0.6 s."""
+    source = TimedSource([(0.0, D(0, "a")), (0.5, D(0, "b"))])
+    send = Recorder()
+    TokenPublisher(bridge, 0.2, send).publish("r", source).result(timeout=5)
+    (_, first), (sent_b, second) = send.messages("r")
+    assert [c["text"] for c in first["chunks"] + second["chunks"]] == ["a", "b"]
+    assert sent_b - source.put_at[1] < 0.05
 
 
 def test_a_waiting_task_gives_up_when_the_loop_stops():

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -27,10 +28,22 @@ def base_engine():
     return LabSession(LabConfig()).engine
 
 
+class EngineLoop:
+    """What a LabHost uses of the worker's StreamingEngine: its engine, and background calls run one at a
+    time on one thread (the loop's)."""
+    _thread = ThreadPoolExecutor(1)
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def call_in_background(self, fn):
+        return self._thread.submit(fn, self.engine)
+
+
 @contextlib.asynccontextmanager
 async def lab_worker(base_engine, max_sessions=4, idle_s=600.0):
     """A LabHost on this test's event loop, announced in the registry as worker 'w1'."""
-    service = SimpleNamespace(wait_ready=lambda timeout=None: SimpleNamespace(engine=base_engine))
+    service = SimpleNamespace(wait_ready=lambda timeout=None: EngineLoop(base_engine))
     host = LabHost("w1@test", service, LoopBridge(asyncio.get_running_loop()), idle_s, max_sessions)
     host.start()
     await asyncio.sleep(0.05)  # the listener joins its group

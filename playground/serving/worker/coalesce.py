@@ -8,10 +8,11 @@ once, then at most one `gen.tokens` message per `interval` carrying everything t
 sample index, numbered by `seq` (docs/protocol.md). When a stream ends its last text goes out at once, and
 only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
 
-The engine's streams cannot wake a coroutine, so the publisher polls them: every POLL_S while some request
-has sent no text yet, else once per `interval` (or sooner, when a request may send again); it wakes at once
-for a new request and does not run while no request is live. Text so waits at most about one `interval`.
-Polling all streams every few milliseconds instead would cost a CPU-bound engine a few percent of a core.
+The streams wake the publisher (push, not polling): each stream's `on_put` schedules one wake-up on the
+event loop, and a wake-up already pending is not scheduled again, so a step that fills a hundred streams
+costs the engine loop thread one hop. Woken, the publisher drains every live stream; a request that sent
+less than `interval` ago keeps its new text until then. It does not run while no request is live. So text
+leaves as soon as the engine has queued it, or at most one `interval` after the request's previous message.
 """
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ from .bridge import LoopBridge
 from ..shared.naming import request_group
 from ..shared.retry import once_more
 
-POLL_S = 0.005
 SEND_TIMEOUT_S = 10.0
 LOOP_CHECK_S = 1.0  # a waiting task thread checks this often that the loop still runs
 
@@ -43,6 +43,8 @@ class Delta(Protocol):
 
 
 class DeltaSource(Protocol):
+    on_put: Callable[[], None] | None  # set by the publisher; the source calls it after queuing each delta
+
     def get(self, timeout: float | None = None) -> Delta | None:
         """Next delta; None once the stream has ended; raises queue.Empty after `timeout` seconds."""
 
@@ -86,6 +88,7 @@ class TokenPublisher:
         self._group_send = group_send
         self._live: list[_Request] = []  # touched on the loop only
         self._wake = asyncio.Event()
+        self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
 
     def publish(self, request_id: str, source: DeltaSource) -> concurrent.futures.Future[int]:
@@ -93,8 +96,21 @@ class TokenPublisher:
         number of chunks sent once the stream has ended and all its text was sent, or with the error of a
         failed send; the request is then dropped (its owner aborts it), the other requests go on."""
         request = _Request(request_id, source)
+        source.on_put = self._notify
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
+
+    def _notify(self) -> None:
+        """A stream has new text (any thread): wake the publisher, unless a wake-up is already on its way.
+        A flag read without a lock can only schedule a spare wake-up, never miss one: it is cleared on the
+        loop before the event is set, and the publisher drains after the event is set."""
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.bridge.loop.call_soon_threadsafe(self._wake_up)
+
+    def _wake_up(self) -> None:
+        self._wake_pending = False
+        self._wake.set()
 
     def stream(self, request_id: str, source: DeltaSource) -> int:
         """`publish`, then wait for the future in the calling thread (a task thread). Raises RuntimeError if the
@@ -117,24 +133,24 @@ class TokenPublisher:
         group_send = self._group_send or get_channel_layer().group_send
         loop = asyncio.get_running_loop()
         while self._live:  # ends when no request is live; the next one starts it again
+            self._wake.clear()  # before draining: text queued from here on sets it again
             now = loop.time()
             due = [request for request in self._live if self._ready(request, now)]
             await asyncio.gather(*(self._flush(r, group_send, now) for r in due))
             self._live = [r for r in self._live if not r.finished.done()]
             if self._live:
-                now = loop.time()
-                delay = max(min(self._wait(request, now) for request in self._live), POLL_S)
-                self._wake.clear()
+                delay = min(self._wait(request, loop.time()) for request in self._live)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
 
     def _wait(self, request: _Request, now: float) -> float:
-        """How long the request lets the publisher sleep: not at all while it has sent no text (its first
-        text goes out at once), until it may send again after a message, else one interval."""
-        if request.last_send == float("-inf"):
-            return 0.0
-        return next_send if (next_send := request.last_send + self.interval - now) > 0 else self.interval
+        """How long the request lets the publisher sleep without a wake-up: until it may send its held text,
+        else one interval (a wake-up comes with new text; the interval only bounds a source that never
+        wakes anyone)."""
+        if request.pending and (next_send := request.last_send + self.interval - now) > 0:
+            return next_send
+        return self.interval
 
     def _ready(self, request: _Request, now: float) -> bool:
         """Drain the request's stream; whether it has ended or has text it may send now. A stream that

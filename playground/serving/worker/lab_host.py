@@ -1,8 +1,10 @@
 """The worker's lab sandboxes (inference.lab): one per presenter, sharing this worker's weights, never its pool.
 
 Commands arrive on the channel-layer group `lab_worker_group(worker)` as `lab.command` {lab_id, command,
-args} (sent by playground.lab.consumers) and are run one at a time by the `lab` thread, so a sandbox is
-only ever touched by one thread and the event loop never runs a forward. Each command answers the lab's
+args} (sent by playground.lab.consumers). The `lab` thread hands them, one at a time, to the engine loop as
+background calls (StreamingEngine.call_in_background): a sandbox's forward runs on the loop's own thread,
+in the gaps the live requests leave (at most a few percent of a busy loop's time), so a lab never competes
+with the live batch for the cores and the event loop never runs a forward. Each command answers the lab's
 own group `lab_group(lab_id)` with `lab.reply` {lab_id, reply}; a reply is a snapshot, a quiz verdict, a
 recording or an error. A lab unused for `idle_s` is closed; a worker hosts at most `max_sessions` labs.
 
@@ -55,7 +57,7 @@ class LabHost:
         self.bridge = bridge
         self.idle_s = idle_s
         self.max_sessions = max_sessions
-        self.labs: dict[str, Lab] = {}  # touched only by the lab thread
+        self.labs: dict[str, Lab] = {}  # touched only on the engine loop thread
         self._inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="lab", daemon=True)
         self._listener = None
@@ -90,11 +92,10 @@ class LabHost:
                 logger.exception("lab listener failed; joining its group again")
                 await asyncio.sleep(1)
 
-    # --- the lab thread: run commands, sweep idle labs ------------------------------------------
+    # --- the lab thread: pass commands to the engine loop, send the replies --------------------------
     def _run(self) -> None:
-        from inference.lab import yield_to_live_work
+        from inference import EngineDeadError
 
-        yield_to_live_work()  # the worker's own batch comes first
         while True:
             try:
                 message = self._inbox.get(timeout=min(self.idle_s, 30.0))
@@ -102,24 +103,37 @@ class LabHost:
                 message = {}
             if message is None:
                 return
-            self._sweep()
-            if message:
-                lab_id = message.get("lab_id")
-                try:
-                    reply = self.handle(lab_id, message.get("command"), message.get("args") or {})
-                except (ValueError, EngineUnavailable) as exc:
-                    reply = {"type": "error", "message": str(exc)}
-                except Exception as exc:
-                    logger.exception("lab %s: %s failed", lab_id, message.get("command"))
-                    reply = {"type": "error", "message": f"the lab failed: {type(exc).__name__}"}
-                if reply is not None:
-                    self._send(lab_id, reply)
+            lab_id = message.get("lab_id")
 
-    def _sweep(self) -> None:
+            def on_loop(_engine: Any) -> tuple[list[str], dict[str, Any] | None]:
+                closed = self._sweep()
+                if not message:
+                    return closed, None
+                try:
+                    return closed, self.handle(lab_id, message.get("command"), message.get("args") or {})
+                except ValueError as exc:  # a bad command: the sweep's closures still go out
+                    return closed, {"type": "error", "message": str(exc)}
+
+            try:
+                closed, reply = self.service.wait_ready(0).call_in_background(on_loop).result()
+            except (ValueError, EngineUnavailable, EngineDeadError) as exc:
+                closed, reply = [], {"type": "error", "message": str(exc)}
+            except Exception as exc:
+                logger.exception("lab %s: %s failed", lab_id, message.get("command"))
+                closed, reply = [], {"type": "error", "message": f"the lab failed: {type(exc).__name__}"}
+            for idle_lab in closed:
+                self._send(idle_lab, {"type": "closed", "message": "this lab was idle too long and was closed"})
+            if message and reply is not None:
+                self._send(lab_id, reply)
+
+    # --- the engine loop thread (background calls): the sandboxes themselves ------------------------
+    def _sweep(self) -> list[str]:
+        """Close the labs unused for idle_s; their ids."""
         now = time.monotonic()
-        for lab_id in [k for k, lab in self.labs.items() if now - lab.last_used > self.idle_s]:
+        closed = [k for k, lab in self.labs.items() if now - lab.last_used > self.idle_s]
+        for lab_id in closed:
             del self.labs[lab_id]
-            self._send(lab_id, {"type": "closed", "message": "this lab was idle too long and was closed"})
+        return closed
 
     def _send(self, lab_id: str, reply: dict[str, Any]) -> None:
         layer = get_channel_layer()
@@ -130,7 +144,7 @@ class LabHost:
             logger.exception("lab %s: could not send its reply", lab_id)
 
     def handle(self, lab_id: str, command: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        """Run one command for one lab (lab thread only); the reply for the lab's page."""
+        """Run one command for one lab (engine loop thread only); the reply for the lab's page."""
         from inference.lab import LAB_LIMITS, LabConfig, LabRequest, LabSession
         from inference.lab_scenarios import SCENARIOS, ScenarioRun
 
@@ -142,7 +156,7 @@ class LabHost:
         if command == "open":
             if lab_id not in self.labs and len(self.labs) >= self.max_sessions:
                 raise ValueError(f"this worker already hosts {self.max_sessions} labs; try again later")
-            shared = self.service.wait_ready(0).engine
+            shared = self.service.wait_ready(0).engine  # this runs on its loop thread: the weights' owner
             if args.get("scenario"):
                 run = ScenarioRun.start(str(args["scenario"]), shared=shared)
                 lab = Lab(run.session, run, time.monotonic())
