@@ -68,8 +68,9 @@ class ModelRunner:
         self.group = group or Group.single()
         try:
             self._load(args, folder, weights_of)
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            if self.ranks is not None:  # the other ranks may be mid-collective: no stop message, a kill
+                self.ranks.abort(f"rank 0 failed to start: {type(exc).__name__}: {exc}")
             raise
 
     def _load(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None) -> None:

@@ -117,8 +117,8 @@ class Ranks:
                 process.start()
             self._wait_until_joining()
             self.group = Group.join(self._store, 0, size, device)
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            self.abort(f"tensor-parallel start failed: {exc}")
             raise
         threading.Thread(target=self._watch, name="tensor-parallel-watchdog", daemon=True).start()
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -161,6 +161,11 @@ class Ranks:
             time.sleep(0.02)
         self._fail(self._death() or f"a step failed on rank 0: {type(error).__name__}: {error}")
         return RankFailedError(self.failure)
+
+    def abort(self, reason: str) -> None:
+        """Kill every rank now (they may be inside a collective, where a stop message would not reach them)."""
+        self._fail(reason)
+        self.close()
 
     def close(self) -> None:
         """Tell every rank to stop, wait for it, kill what is left. Idempotent; safe after a failure."""
