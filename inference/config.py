@@ -24,6 +24,10 @@ class EngineArgs:
     The KV pool is sized, in order of precedence, by `num_kv_blocks`, by `kv_cache_memory` (bytes), or on
     CUDA by `gpu_memory_utilization` (share of the device's memory the whole process may use); on CPU the
     default is 512 MiB. `dtype="auto"` resolves as `resolve_dtype` says (bfloat16 where it is native).
+
+    `tensor_parallel_size` (vLLM's name): split the model over that many ranks, one process each (one CUDA
+    device each from `device` on, or the CPU shared), see inference/parallel/. A KV budget is per device,
+    so N ranks hold N times the tokens in the same per-device memory.
     """
 
     model: str = DEFAULT_MODEL
@@ -38,6 +42,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     seed: int = 0
+    tensor_parallel_size: int = 1
     attention_backend: str | None = None
     # Multi-LoRA (vLLM's names): adapters in device slots at once, their largest rank, adapters kept on the
     # host (default: max_loras).
@@ -63,6 +68,8 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.event_log_capacity < 0:
             raise ValueError(f"event_log_capacity must be >= 0, got {self.event_log_capacity}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is None:

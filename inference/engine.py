@@ -38,6 +38,14 @@ class LLMEngine:
         torch.manual_seed(args.seed)
         self.tokenizer = load_tokenizer(folder)
         self.runner = ModelRunner(args, folder, share_weights_with.runner if share_weights_with else None)
+        try:
+            self._start(args)
+        except BaseException:
+            self.close()  # a tensor-parallel runner's processes stop with the failed engine
+            raise
+
+    def _start(self, args: EngineArgs) -> None:
+        """Everything but the weights and the KV pool: the block manager, the scheduler and their helpers."""
         self.block_size = args.block_size
         self.max_model_len = args.max_model_len
         if self.runner.num_blocks * args.block_size < args.max_model_len:
@@ -152,6 +160,14 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def check_alive(self) -> None:
+        """Raise `RankFailedError` if a tensor-parallel rank has died: the engine cannot step again."""
+        self.runner.check_alive()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel rank processes, if any (idempotent). The engine cannot step after it."""
+        self.runner.close()
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -426,6 +442,9 @@ class LLMEngine:
             "cow_copies_total": self.block_manager.num_cow_copies,
             "weight_bytes": self.runner.weight_bytes,
             "kv_pool_bytes": self.runner.kv_pool_bytes,
+            "tensor_parallel_size": self.runner.group.size,
+            "weight_bytes_per_rank": self.runner.weight_bytes_per_rank,
+            "kv_pool_bytes_per_rank": self.runner.kv_pool_bytes_per_rank,
             "quantization": self.runner.quantization_name,
             "contiguous": self.contiguous_counterfactual(),
         }

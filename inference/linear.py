@@ -2,8 +2,10 @@
 
 Every matmul against model weights (q/k/v, o, gate/up, down, lm_head) goes through `Linear.forward`, so
 the way a weight is stored (float, or a quantized format from `inference.quantization`) is one object,
-`Linear.weight`, that the loader picks and that knows how to multiply by itself. Later hooks (a LoRA delta,
-tensor-parallel sharding) wrap `forward` in one place.
+`Linear.weight`, that the loader picks and that knows how to multiply by itself. The other hooks live in
+`forward` too: a LoRA delta, and for a row-parallel layer under tensor parallelism (o_proj, down_proj) the
+all-reduce of the ranks' partial outputs (inference/parallel/layers.py: a column-parallel layer is a plain
+`Linear` holding its shard of the rows).
 
 A fused layer (q/k/v, gate/up) is one matmul whose output is the concatenation of its parts;
 `output_sizes` says where the parts end, and `split` cuts an output back into them.
@@ -11,9 +13,14 @@ A fused layer (q/k/v, gate/up) is one matmul whose output is the concatenation o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from inference.parallel.group import Group
 
 
 class LinearWeight(nn.Module):
@@ -62,14 +69,20 @@ class FloatWeight(LinearWeight):
 
 
 class Linear(nn.Module):
-    """`y = x @ W.T (+ b)`; the weight's representation is swapped in by `load`, the bias stays float."""
+    """`y = x @ W.T (+ b)`; the weight's representation is swapped in by `load`, the bias stays float.
 
-    def __init__(self, in_features: int, output_sizes: int | list[int], bias: bool = False) -> None:
+    `reduce_group`: a row-parallel layer's ranks. Each holds the weight's columns for its slice of the inputs;
+    their partial products are summed before the (replicated) bias is added once.
+    """
+
+    def __init__(self, in_features: int, output_sizes: int | list[int], bias: bool = False,
+                 reduce_group: Group | None = None) -> None:
         super().__init__()
         self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         self.in_features, self.out_features = in_features, sum(self.output_sizes)
         self.weight: LinearWeight = FloatWeight(torch.empty(self.out_features, in_features))
         self.bias = nn.Parameter(torch.empty(self.out_features), requires_grad=False) if bias else None
+        self.reduce_group = reduce_group
         # With LoRA enabled, the engine's per-slot adapter delta (inference.lora_slots.LoRALayer).
         self.lora = None
 
@@ -93,6 +106,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.weight.matmul(x)
+        if self.reduce_group is not None:
+            y = self.reduce_group.all_reduce(y)
         if self.bias is not None:
             y = y + self.bias
         if self.lora is not None:

@@ -19,7 +19,11 @@ Messages = list[dict]
 
 
 class LLM:
-    """Offline batch inference. Keyword arguments are those of `EngineArgs` (same names as vLLM)."""
+    """Offline batch inference. Keyword arguments are those of `EngineArgs` (same names as vLLM).
+
+    With `tensor_parallel_size=N` the engine runs N - 1 rank processes beside this one; `close()` (or leaving
+    a `with LLM(...) as llm:` block, or dropping the object, or the interpreter's exit) stops them.
+    """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
         if model is not None:
@@ -29,6 +33,20 @@ class LLM:
             raise TypeError(f"LLM() got unknown arguments: {', '.join(sorted(unknown))}")
         self.llm_engine = LLMEngine(EngineArgs(**kwargs))
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel rank processes (idempotent); the LLM cannot generate after it."""
+        self.llm_engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if "llm_engine" in self.__dict__:  # not when the constructor failed (it closed what it started)
+            self.close()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -113,16 +131,23 @@ class LLM:
         return values
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request has finished; if a step raises, the unfinished ones are aborted (their
+        blocks freed) before the error propagates."""
         engine = self.llm_engine
         pending = set(request_ids)
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm or None) as bar:
-            while pending:
-                for output in engine.step():
-                    if output.finished and output.request_id in pending:
-                        finished[output.request_id] = output
-                        pending.discard(output.request_id)
-                        bar.update(1)
+        try:
+            with tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm or None) as bar:
+                while pending:
+                    for output in engine.step():
+                        if output.finished and output.request_id in pending:
+                            finished[output.request_id] = output
+                            pending.discard(output.request_id)
+                            bar.update(1)
+        except BaseException:
+            for request_id in pending:
+                engine.abort_request(request_id)
+            raise
         return [finished[r] for r in request_ids]
 
 

@@ -4,6 +4,9 @@ Tokens of every scheduled sequence are concatenated into one row of `num_tokens`
 Attention writes each token's K and V into its slot of the paged cache, then reads the context only
 through block tables (`kernels.paged_attention_*`). Weights load from a local HF folder (safetensors),
 with q/k/v and gate/up fused into one matmul each; every weight matmul is an `inference.linear.Linear`.
+
+Under tensor parallelism (`group.size > 1`) each rank builds this model with its share of the heads, the
+MLP rows and the vocabulary, and loads only that share (inference/parallel/layers.py says which).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.linear import Linear, LinearWeight, VocabEmbedding
+from inference.linear import Linear, LinearWeight
+from inference.parallel.group import Group
+from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
 from inference.quantization.weights import Int4Codes
 from inference.weight_files import read_weights
@@ -122,13 +127,16 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce)."""
+
+    def __init__(self, cfg: ModelConfig, group: Group) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads // group.size, cfg.num_kv_heads // group.size
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, reduce_group=group)
         self.scale = cfg.head_dim**-0.5
 
     def forward(
@@ -157,10 +165,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """This rank's intermediate rows: gate/up column-parallel, down row-parallel (one all-reduce)."""
+
+    def __init__(self, cfg: ModelConfig, group: Group) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size, cfg.intermediate_size])
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        intermediate = cfg.intermediate_size // group.size
+        self.gate_up_proj = Linear(cfg.hidden_size, [intermediate, intermediate])
+        self.down_proj = Linear(intermediate, cfg.hidden_size, reduce_group=group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -168,23 +179,26 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, group)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, group)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """`cfg` is the whole model's; with a `group` of several ranks, this is rank `group.rank`'s shard."""
+
+    def __init__(self, cfg: ModelConfig, group: Group | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.group = group = group or Group.single()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
 
     @torch.inference_mode()
     def forward(
@@ -204,26 +218,31 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(h)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits over the whole vocabulary on rank 0 (each rank's shard gathered); None elsewhere."""
+        logits = self.group.gather_columns(self.lm_head(hidden).float())
+        return None if logits is None else logits[:, : self.cfg.vocab_size]
 
 
 def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
-               quant: QuantizationConfig | None = None) -> LlamaForCausalLM:
+               quant: QuantizationConfig | None = None, group: Group | None = None) -> LlamaForCausalLM:
     """Build the model and fill it from the folder's weights (or `quant`'s GGUF), fusing q/k/v and gate/up.
 
     Each layer's weight is stored as `quant` says (`inference.quantization.linear_weight`); float by default.
+    With a `group` of several ranks, only this rank's shard of each weight is read and kept.
     """
     cfg = ModelConfig.from_folder(folder)
+    group = group or Group.single()
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = LlamaForCausalLM(cfg, group)
     # Only the norms are filled in place; every Linear and the embedding receive their weight objects from
     # `load`, so float placeholders for weights that will be quantized are never allocated.
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
     model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
-    weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads)
+    weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                           WeightShards(cfg, group))
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
 
     def take(name: str) -> torch.Tensor | Int4Codes:

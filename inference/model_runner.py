@@ -1,13 +1,20 @@
 """Owns the model weights and the paged KV cache; turns a scheduled step into logits.
 
 The KV cache is one (key_cache, value_cache) pair per layer, each
-`[num_blocks, block_size, num_kv_heads, head_dim]`. `execute` builds one flattened batch (input ids,
-positions, slot mapping, block tables, context lengths, query start offsets), performs pending
-copy-on-write block copies, runs the forward and returns logits only for the sequences that sample.
+`[num_blocks, block_size, num_kv_heads, head_dim]`. `execute` builds one flattened batch (`StepBatch`:
+input ids, positions, slot mapping, block tables, context lengths, query start offsets), and `run` performs
+pending copy-on-write block copies, runs the forward and returns logits only for the sequences that sample.
+
+Under tensor parallelism (`tensor_parallel_size=N`) the engine's runner is rank 0: it starts ranks 1..N-1
+(inference/parallel/ranks.py), each a `ModelRunner` of its own holding its shard of the weights and
+`num_kv_heads / N` of every KV block. Rank 0 alone builds the batch; it broadcasts it, then every rank
+runs the same `run`. The block ids are the same on every rank, so the block manager's one set of tables,
+hashes and ref counts (on rank 0) serves them all.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -17,14 +24,16 @@ from inference.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
 from inference.lora_slots import LoRAManager
 from inference.model import AttentionMetadata, ModelConfig, load_model
 from inference.model_loader import find_gguf
+from inference.parallel.group import Group
+from inference.parallel.ranks import Ranks, check_tensor_parallel, rank_device
 from inference.quantization import resolve_quantization
 from inference.scheduler import ScheduledSeq
 
 
-def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one physical block takes across all layers, K and V."""
+def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
+    """Bytes one physical block takes across all layers, K and V, on one of `tensor_parallel_size` ranks."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+    return 2 * cfg.num_layers * block_size * (cfg.num_kv_heads // tensor_parallel_size) * cfg.head_dim * itemsize
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
@@ -35,17 +44,41 @@ def resident_bytes(model: torch.nn.Module) -> int:
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None = None) -> None:
+    def __init__(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None = None,
+                 group: Group | None = None) -> None:
+        """The engine's runner (rank 0, starting the other ranks if `args.tensor_parallel_size > 1`), or with
+        `group`, the runner of rank `group.rank` in a rank process. `weights_of`: another engine's runner
+        whose weights this one uses (a lab sandbox), with its own KV pool."""
+        self.ranks: Ranks | None = None
         self.device = args.resolve_device()
+        if args.tensor_parallel_size > 1:
+            self.device = rank_device(self.device, group.rank if group else 0)
         self.dtype = args.resolve_dtype(self.device)
         self.block_size = args.block_size
         if weights_of is None:
             self.quantization = resolve_quantization(
                 args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
-            self.model = load_model(folder, self.device, self.dtype, self.quantization)
+            if group is None and args.tensor_parallel_size > 1:
+                check_tensor_parallel(args, ModelConfig.from_folder(folder), self.device, self.quantization)
+                self.ranks = Ranks(args, folder, self.device)
+                group = self.ranks.group
+        elif weights_of.group.size > 1:
+            raise ValueError(f"an engine cannot share a tensor-parallel engine's weights (tensor_parallel_size="
+                             f"{weights_of.group.size}): its other ranks run only the first engine's steps")
+        self.group = group or Group.single()
+        try:
+            self._load(args, folder, weights_of)
+        except BaseException as exc:
+            if self.ranks is not None:  # the other ranks may be mid-collective: no stop message, a kill
+                self.ranks.abort(f"rank 0 failed to start: {type(exc).__name__}: {exc}")
+            raise
+
+    def _load(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None) -> None:
+        if weights_of is None:
+            self.model = load_model(folder, self.device, self.dtype, self.quantization, self.group)
         else:  # another engine's weights (a lab sandbox's), quantized or not; this runner's own KV pool
             self.quantization, self.model = weights_of.quantization, weights_of.model
-        self.weight_bytes = resident_bytes(self.model)
+        self.weight_bytes_per_rank = resident_bytes(self.model)
         self.cfg = self.model.cfg
         if args.max_model_len > self.cfg.max_position_embeddings:
             raise ValueError(
@@ -53,8 +86,8 @@ class ModelRunner:
                 f"max_position_embeddings {self.cfg.max_position_embeddings}"
             )
         self.ops = kernels.get_backend(args.attention_backend, self.device)
-        self.num_blocks = self._num_blocks(args)
-        shape = (self.num_blocks, self.block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        self.num_blocks = self.group.min(self._num_blocks(args))  # each rank's memory allows; all use the least
+        shape = (self.num_blocks, self.block_size, self.cfg.num_kv_heads // self.group.size, self.cfg.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.dtype, device=self.device),
              torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -62,7 +95,14 @@ class ModelRunner:
         ]
         self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
                                  self.dtype) if args.enable_lora else None)
-        self.kv_pool_bytes = self.num_blocks * kv_block_bytes(self.cfg, self.block_size, self.dtype)
+        self.kv_pool_bytes_per_rank = self.num_blocks * self._block_bytes
+        # Every rank's shard has rank 0's shapes (inference/parallel/layers.py), so totals are N times these.
+        self.weight_bytes = self.weight_bytes_per_rank * self.group.size
+        self.kv_pool_bytes = self.kv_pool_bytes_per_rank * self.group.size
+
+    @property
+    def _block_bytes(self) -> int:
+        return kv_block_bytes(self.cfg, self.block_size, self.dtype, self.group.size)
 
     @property
     def quantization_name(self) -> str:
@@ -72,7 +112,8 @@ class ModelRunner:
         return self.quantization.method
 
     def _num_blocks(self, args: EngineArgs) -> int:
-        per_block = kv_block_bytes(self.cfg, self.block_size, self.dtype)
+        """Blocks this rank's KV budget holds (a budget is per device: N ranks hold N times the tokens)."""
+        per_block = self._block_bytes
         if args.num_kv_blocks is not None:
             return args.num_kv_blocks
         if args.kv_cache_memory is not None:
@@ -96,18 +137,84 @@ class ModelRunner:
         """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`, in that order.
 
         With LoRA the batch's rows are laid out grouped by adapter (`LoRAManager.row_order`); nothing
-        outside this method sees that order.
+        outside this method sees that order. Under tensor parallelism any failure once the batch is sent
+        raises `RankFailedError` (the ranks are out of step for good, and stopped).
         """
-        if block_copies:
-            mapping = torch.tensor(block_copies, dtype=torch.int64, device=self.device)
-            self.ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
         if self.lora is not None:
             order = self.lora.row_order([item.seq.request.adapter for item in scheduled])
             position = {i: k for k, i in enumerate(order)}
             scheduled = [scheduled[i] for i in order]
             sample_rows = [position[i] for i in sample_rows]
+        batch = StepBatch.build(scheduled, sample_rows, block_copies, self.block_size)
+        if self.ranks is not None:
+            try:
+                self.ranks.send(batch.to_payload())
+                return self.run(batch)
+            except Exception as exc:
+                raise self.ranks.fail(exc) from exc
+        if self.lora is not None:
+            self.lora.begin_step([(item.seq.request.adapter, item.num_new_tokens) for item in scheduled])
+        try:
+            return self.run(batch)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+
+    def run(self, batch: StepBatch) -> torch.Tensor | None:
+        """Copy-on-write copies, then the forward of `batch`: its sampled rows' logits on rank 0, None on the
+        other ranks (which every step of rank 0 runs this on, in the same order)."""
+        if batch.block_copies.numel():
+            mapping = batch.block_copies.to(self.device)
+            self.ops.copy_blocks([k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping)
+        meta = AttentionMetadata(
+            slot_mapping=batch.slot_mapping.to(self.device),
+            block_tables=batch.block_tables.to(self.device, torch.int32),
+            context_lens=batch.context_lens.to(self.device, torch.int32),
+            query_start_loc=batch.query_start_loc.to(self.device, torch.int32),
+            is_decode=batch.input_ids.numel() == batch.context_lens.numel(),
+        )
+        hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device), self.kv_caches, meta,
+                            self.ops)
+        return self.model.compute_logits(hidden[batch.sample_rows.to(self.device)])
+
+    def check_alive(self) -> None:
+        """Raise `RankFailedError` if a tensor-parallel rank has died (then this runner cannot step again)."""
+        if self.ranks is not None:
+            self.ranks.check_alive()
+
+    def close(self) -> None:
+        """Stop the other ranks' processes (idempotent; nothing to do without tensor parallelism)."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+
+@dataclass
+class StepBatch:
+    """One step's flattened batch, every field a CPU int64 tensor: what each rank's `run` takes.
+
+    input_ids, positions, slot_mapping   one entry per token of the step
+    block_tables                         [seqs, max blocks], padded with 0 past each sequence's blocks
+    context_lens                         one per sequence; query_start_loc: seqs + 1 offsets into the tokens
+    sample_rows                          the token rows whose logits are sampled (each one's last token)
+    block_copies                         [copies, 2] (source block, destination block), done before the forward
+
+    `to_payload` packs it into one tensor for rank 0's broadcast; `from_payload` unpacks it on each rank.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    sample_rows: torch.Tensor
+    block_copies: torch.Tensor
+
+    @classmethod
+    def build(cls, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]],
+              block_size: int) -> StepBatch:
         input_ids, positions, slots, ctx_lens, q_starts = [], [], [], [], [0]
-        bs = self.block_size
+        bs = block_size
         for item in scheduled:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_new_tokens
@@ -120,24 +227,27 @@ class ModelRunner:
         max_blocks = max(len(item.seq.block_table) for item in scheduled)
         tables = [item.seq.block_table + [0] * (max_blocks - len(item.seq.block_table)) for item in scheduled]
 
-        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=self.device)
+        def tensor(values: list) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
 
-        meta = AttentionMetadata(
-            slot_mapping=tensor(slots, torch.int64),
-            block_tables=tensor(tables, torch.int32),
-            context_lens=tensor(ctx_lens, torch.int32),
-            query_start_loc=tensor(q_starts, torch.int32),
-            is_decode=len(input_ids) == len(scheduled),
-        )
-        if self.lora is not None:
-            self.lora.begin_step([(item.seq.request.adapter, item.num_new_tokens) for item in scheduled])
-        try:
-            hidden = self.model(
-                tensor(input_ids, torch.int64), tensor(positions, torch.int64), self.kv_caches, meta, self.ops
-            )
-        finally:
-            if self.lora is not None:
-                self.lora.end_step()
-        last_rows = tensor([q_starts[i + 1] - 1 for i in sample_rows], torch.int64)
-        return self.model.compute_logits(hidden[last_rows])
+        return cls(tensor(input_ids), tensor(positions), tensor(slots), tensor(tables), tensor(ctx_lens),
+                   tensor(q_starts), tensor([q_starts[i + 1] - 1 for i in sample_rows]),
+                   tensor(block_copies).view(-1, 2))
+
+    def to_payload(self) -> torch.Tensor:
+        """`[tokens, seqs, max blocks, samples, copies]` then every field flattened, in field order."""
+        parts = [getattr(self, f.name) for f in fields(self)]
+        sizes = [self.input_ids.numel(), *self.block_tables.shape, self.sample_rows.numel(),
+                 self.block_copies.shape[0]]
+        return torch.cat([torch.tensor(sizes, dtype=torch.int64), *(p.flatten() for p in parts)])
+
+    @classmethod
+    def from_payload(cls, payload: torch.Tensor) -> StepBatch:
+        tokens, seqs, max_blocks, samples, copies = payload[:5].tolist()
+        shapes = [(tokens,), (tokens,), (tokens,), (seqs, max_blocks), (seqs,), (seqs + 1,), (samples,), (copies, 2)]
+        values, offset = [], 5
+        for shape in shapes:
+            count = shape[0] * (shape[1] if len(shape) > 1 else 1)
+            values.append(payload[offset : offset + count].view(shape))
+            offset += count
+        return cls(*values)

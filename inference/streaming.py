@@ -10,7 +10,9 @@ stream (plainly or with `async for`) yields `StreamDelta`s until every output ha
 No stream waits forever. If a step raises, every in-flight stream ends with finish_reason "error" and the
 loop keeps serving. If anything else in the loop raises, the loop is dead: every in-flight stream (and any
 request still queued) ends with an error, their blocks are freed, `health()` reports the error, and
-`add_request` raises `EngineDeadError`. `shutdown()` ends the in-flight streams the same way.
+`add_request` raises `EngineDeadError`. A tensor-parallel rank that dies (`RankFailedError`, raised by the
+step it breaks or noticed between steps) kills the loop the same way: the engine cannot step again.
+`shutdown()` ends the in-flight streams the same way, and stops the rank processes.
 
 Work that must not slow the live requests (a lab sandbox's step) goes through `call_in_background`: the
 loop runs it when idle, and while busy only as long as background work has taken at most
@@ -45,6 +47,7 @@ from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
 from inference.outputs import RequestOutput, StreamDelta
+from inference.parallel.ranks import RankFailedError
 from inference.sampling_params import SamplingParams
 from inference.sequence import Request
 
@@ -151,6 +154,7 @@ class StreamingEngine:
         self._wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.engine.close()
 
     def add_request(
         self,
@@ -243,6 +247,7 @@ class StreamingEngine:
     def _serve(self) -> None:
         checked_since_busy = True
         while not self._stopping:
+            self.engine.check_alive()
             self._drain_commands()
             if not self.engine.has_unfinished_requests():
                 if not checked_since_busy:
@@ -259,6 +264,8 @@ class StreamingEngine:
             began = time.perf_counter()
             try:
                 outputs = self.engine.step()
+            except RankFailedError:
+                raise  # the ranks are gone: the loop dies with it
             except Exception as exc:  # keep serving: fail the in-flight requests, not the worker
                 logger.exception("engine step failed")
                 self._fail_all(f"engine step failed: {exc}")

@@ -1,6 +1,9 @@
 """A model's weights as one `name -> tensor` map under HF names (without the "model." prefix), whatever file
 they come from: a folder's safetensors (float; or AWQ / GPTQ packs, unpacked to `Int4Codes` under the
 layer's `.weight` name) or a GGUF file. `load_model` then only fuses and installs.
+
+With `shards` (tensor parallelism), a safetensors weight is read only in the part this rank keeps; GGUF and
+AWQ/GPTQ checkpoints are not sharded (the engine refuses them under tensor parallelism).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from inference.parallel.layers import WeightShards
 from inference.quantization import QuantizationConfig
 from inference.quantization.gguf_file import read_gguf
 from inference.quantization.packed_int4 import unpack_awq, unpack_gptq
@@ -19,7 +23,11 @@ PACK_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
 
 def read_weights(folder: Path, quant: QuantizationConfig | None, num_layers: int, hidden_size: int,
-                 num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor | Int4Codes]:
+                 num_heads: int, num_kv_heads: int,
+                 shards: WeightShards | None = None) -> dict[str, torch.Tensor | Int4Codes]:
+    sharded = shards is not None and shards.size > 1
+    if sharded and quant is not None and quant.method in ("gguf", "awq", "gptq"):
+        raise ValueError(f"a {quant.method.upper()} checkpoint cannot be sharded over tensor-parallel ranks")
     if quant is not None and quant.method == "gguf":
         return read_gguf(quant.gguf_file, num_layers, hidden_size, num_heads, num_kv_heads)
     files = sorted(folder.glob("*.safetensors"))
@@ -30,8 +38,9 @@ def read_weights(folder: Path, quant: QuantizationConfig | None, num_layers: int
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                weights[name.removeprefix("model.")] = f.get_tensor(name)
-                origin[name.removeprefix("model.")] = file
+                key = name.removeprefix("model.")
+                weights[key] = shards.take(key, f.get_slice(name)) if sharded else f.get_tensor(name)
+                origin[key] = file
     if quant is not None and quant.method in ("awq", "gptq"):
         return _unpack(weights, origin, quant)
     return weights

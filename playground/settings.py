@@ -204,6 +204,8 @@ PLAYGROUND_ENGINE = {
     "enable_prefix_caching": env_bool("ENGINE_PREFIX_CACHING", True),
     "seed": env_int("ENGINE_SEED", 0),
     "quantization": PLAYGROUND_QUANTIZATION,
+    # Split the model over this many devices (inference/parallel/): N rank processes per worker.
+    "tensor_parallel_size": env_int("PLAYGROUND_TENSOR_PARALLEL_SIZE", 1, minimum=1),
 }
 # LoRA adapters served beside the base model (vLLM's --lora-modules): PLAYGROUND_LORA_MODULES=name=path,...
 # A request selects one with `model: "<name>"` (API) or the chat page's model picker.

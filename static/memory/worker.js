@@ -53,11 +53,16 @@ export class WorkerCard {
     for (const [state, n] of Object.entries(counts)) this.q(`[data-count="${state}"]`).textContent = String(n);
 
     const m = snapshot.metrics ?? {};
-    // What quantization bought: the weights' bytes beside the KV pool's.
+    // What quantization bought: the weights' bytes beside the KV pool's; under tensor parallelism, how many
+    // ranks share them and what one rank holds.
     if (m.weight_bytes != null) {
       const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+      const ranks = m.tensor_parallel_size ?? 1;
+      const perRank = ranks > 1
+        ? ` · TP=${ranks}: ${mib(m.weight_bytes_per_rank)} weights + ${mib(m.kv_pool_bytes_per_rank)} KV per rank`
+        : "";
       this.q(".worker-weights").textContent =
-        `${m.quantization ?? "float"} weights ${mib(m.weight_bytes)} · KV pool ${mib(m.kv_pool_bytes ?? 0)}`;
+        `${m.quantization ?? "float"} weights ${mib(m.weight_bytes)} · KV pool ${mib(m.kv_pool_bytes ?? 0)}${perRank}`;
     }
     const requests = snapshot.requests ?? [];
     const blockSize = m.block_size ?? 16;
