@@ -50,47 +50,16 @@ class LinearWeight(nn.Module):
         return sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
 
 
-# On the CPU, float32 and bfloat16 weights are multiplied through oneDNN with a copy packed once into its
-# blocked layout: at decode batch sizes that is 2.5-3x faster than F.linear in float32 and ~1.3x in
-# bfloat16 (BENCHMARKS.md, issue 12), and what vLLM's CPU backend does too.
-PACKED_CPU_DTYPES = (torch.float32, torch.bfloat16)
-
-
 class FloatWeight(LinearWeight):
-    """A plain floating-point weight: the default, and the HF-oracle path.
-
-    On the CPU it also keeps `packed`, the same values in oneDNN's layout, made on first use for the weight's
-    current dtype (a `.to()` afterwards repacks); `value` stays for embedding lookups and `dequantize`.
-    """
+    """A plain floating-point weight: the default, and the HF-oracle path."""
 
     def __init__(self, value: torch.Tensor | nn.Parameter) -> None:
         super().__init__()
         self.out_features, self.in_features = value.shape
         self.value = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
-        self._packed: tuple[tuple, torch.Tensor] | None = None  # ((data_ptr, dtype) it packs, packed copy)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        packed = self.packed
-        if packed is None or x.dtype != self.value.dtype:
-            return F.linear(x, self.value)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-    @property
-    def packed(self) -> torch.Tensor | None:
-        """The oneDNN-packed copy of `value` (None where oneDNN does not serve this device or dtype)."""
-        value = self.value
-        if value.device.type != "cpu" or value.dtype not in PACKED_CPU_DTYPES or not torch.backends.mkldnn.is_available():
-            return None
-        key = (value.data_ptr(), value.dtype)
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, torch.ops.mkldnn._reorder_linear_weight(value.detach(), None))
-        return self._packed[1]
-
-    @property
-    def nbytes(self) -> int:
-        """The float values, plus their packed copy once it exists."""
-        extra = 0 if self._packed is None else self._packed[1].numel() * self._packed[1].element_size()
-        return super().nbytes + extra
+        return F.linear(x, self.value)
 
     def dequantize(self) -> torch.Tensor:
         return self.value.detach().float()
