@@ -182,11 +182,7 @@ class StreamingEngine:
         request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt,
                                            lora_request=lora_request)
         stream = RequestStream(request_id, len(request.prompt_token_ids))
-        with self._lock:
-            if self._closed is not None:
-                raise EngineDeadError(self._closed)
-            self._commands.put(("add", request, stream))
-        self._wakeup.set()
+        self._submit(self._commands, ("add", request, stream))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -201,11 +197,7 @@ class StreamingEngine:
         """Run `fn(engine)` on the loop thread between steps (the only thread that may touch the engine);
         the future holds its result or its exception."""
         future: Future[T] = Future()
-        with self._lock:
-            if self._closed is not None:
-                raise EngineDeadError(self._closed)
-            self._commands.put(("call", fn, future))
-        self._wakeup.set()
+        self._submit(self._commands, ("call", fn, future))
         return future
 
     def call_in_background(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
@@ -213,12 +205,17 @@ class StreamingEngine:
         request is running, or between steps once background calls have used less than BACKGROUND_SHARE of
         the loop's busy time. Calls run one at a time, in order."""
         future: Future[T] = Future()
+        self._submit(self._background, (fn, future))
+        return future
+
+    def _submit(self, commands: queue.SimpleQueue, item: tuple) -> None:
+        """Queue `item` for the loop, or raise EngineDeadError once it has stopped. Under `_lock`, which
+        `_close` takes too, so every item is either drained by the loop or refused, never stranded."""
         with self._lock:
             if self._closed is not None:
                 raise EngineDeadError(self._closed)
-            self._background.put((fn, future))
+            commands.put(item)
         self._wakeup.set()
-        return future
 
     def health(self) -> EngineHealth:
         thread = self._thread
@@ -290,10 +287,7 @@ class StreamingEngine:
             return False
         began = time.perf_counter()
         if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn(self.engine))
-            except Exception as exc:
-                future.set_exception(exc)
+            self._settle(future, fn)
         if not idle:
             self._background_credit_s -= time.perf_counter() - began
         return True
@@ -334,12 +328,16 @@ class StreamingEngine:
             elif kind == "reset":
                 self.engine.reset_prefix_cache()
             elif kind == "call":
-                try:
-                    stream.set_result(payload(self.engine))
-                except Exception as exc:
-                    stream.set_exception(exc)
+                self._settle(stream, payload)
         if changed:
             self._refresh_metrics(force=True)
+
+    def _settle(self, future: Future, fn: Callable[[LLMEngine], object]) -> None:
+        """Run `fn(engine)` (loop thread) into `future`: its result, or the exception it raised."""
+        try:
+            future.set_result(fn(self.engine))
+        except Exception as exc:
+            future.set_exception(exc)
 
     def _add(self, request: Request, stream: RequestStream) -> None:
         """Hand a request to the engine; its stream is registered first, so that if `add` fails other than
