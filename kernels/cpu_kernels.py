@@ -119,8 +119,12 @@ def _build() -> tuple[ModuleType | None, str]:
         return None, f"no C++ compiler ({compiler!r} is not on PATH); install g++ to build the cpu kernels"
     from torch.utils import cpp_extension
 
-    flags = ["-O3", "-fopenmp-simd", *isa_flags()]
-    tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags]).encode()).hexdigest()[:12]
+    # -fopenmp: at::parallel_for is a header template over `#pragma omp parallel`, so without it the kernel
+    # runs on one thread. It links torch's own libgomp, so one OpenMP runtime serves torch and the kernel.
+    flags = ["-O3", "-fopenmp", *isa_flags()]
+    torch_lib = Path(torch.__file__).parent / "lib"
+    ldflags = [f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"]
+    tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags, *ldflags]).encode()).hexdigest()[:12]
     build_dir = cache_root() / f"paged_attention_cpu-{tag}"
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -131,7 +135,7 @@ def _build() -> tuple[ModuleType | None, str]:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
             module = cpp_extension.load(name="paged_attention_cpu", sources=[str(_SOURCE)], extra_cflags=flags,
-                                        build_directory=str(build_dir), verbose=False)
+                                        extra_ldflags=ldflags, build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"
     return module, ""

@@ -39,6 +39,19 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 template <typename T>
 inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n, float scale) {
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // 16 at a time: a bfloat16 is a float32's high half
+    const __m512 s = _mm512_set1_ps(scale);
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
+      const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      _mm512_storeu_ps(dst + d, _mm512_mul_ps(x, s));
+    }
+    for (; d < n; ++d) dst[d] = to_float(src[d]) * scale;
+    return;
+  }
+#endif
 #pragma omp simd
   for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]) * scale;
 }
@@ -96,6 +109,66 @@ inline void block_scores(const float* __restrict q, const float* __restrict k, i
   for (int64_t t = 0; t < n; ++t) scores[t] = dot(q, k + t * row_stride, head_dim);
 }
 
+// For R rows r at once: acc[r] = acc[r] * correction[r] + sum over t < n of p[r][t] * v[t] (p[r] at
+// p + r * p_stride, row t of v at v + t * row_stride). Each V row is loaded once for all R rows (a GQA group
+// shares its KV head), and with the head size fixed the R accumulator rows stay in registers for the block:
+// R * HEAD_DIM / 16 independent FMA chains instead of a load and store of the accumulator per token.
+template <int64_t HEAD_DIM, int64_t R>
+inline void accumulate_rows(float* __restrict acc, const float* __restrict correction, const float* __restrict p,
+                            int64_t p_stride, const float* __restrict v, int64_t row_stride, int64_t n,
+                            int64_t head_dim) {
+#ifdef __AVX512F__
+  if constexpr (HEAD_DIM > 0 && HEAD_DIM % 16 == 0) {
+    constexpr int64_t V = HEAD_DIM / 16;
+    __m512 a[R][V];
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512 c = _mm512_set1_ps(correction[r]);
+      for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * HEAD_DIM + 16 * i), c);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vt = v + t * row_stride;
+      __m512 vv[V];
+      for (int64_t i = 0; i < V; ++i) vv[i] = _mm512_loadu_ps(vt + 16 * i);
+      for (int64_t r = 0; r < R; ++r) {
+        const __m512 pt = _mm512_set1_ps(p[r * p_stride + t]);
+        for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_fmadd_ps(pt, vv[i], a[r][i]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * HEAD_DIM + 16 * i, a[r][i]);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < R; ++r) {
+    float* ar = acc + r * head_dim;
+    const float* pr = p + r * p_stride;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) ar[d] *= correction[r];
+    for (int64_t t = 0; t < n; ++t) {
+      const float pt = pr[t];
+      const float* vt = v + t * row_stride;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) ar[d] += pt * vt[d];
+    }
+  }
+}
+
+// accumulate_rows for `count` (any) rows, four at a time (16 accumulators when HEAD_DIM is 64).
+template <int64_t HEAD_DIM>
+inline void accumulate_values(float* acc, const float* correction, const float* p, int64_t p_stride,
+                              const float* v, int64_t row_stride, int64_t n, int64_t head_dim, int64_t count) {
+  int64_t r = 0;
+  for (; r + 4 <= count; r += 4)
+    accumulate_rows<HEAD_DIM, 4>(acc + r * head_dim, correction + r, p + r * p_stride, p_stride, v, row_stride, n,
+                                 head_dim);
+  const int64_t rest = count - r;
+  float* ar = acc + r * head_dim;
+  const float* pr = p + r * p_stride;
+  if (rest == 3) accumulate_rows<HEAD_DIM, 3>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
+  if (rest == 2) accumulate_rows<HEAD_DIM, 2>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
+  if (rest == 1) accumulate_rows<HEAD_DIM, 1>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
+}
+
 // exp(x) for x <= 0 (a score minus its running max) as 2^n * p(f): plain arithmetic the compiler vectorises,
 // where std::exp is a scalar libm call per score. Relative error ~1e-7 (float32 rounding); -inf gives 2^-126.
 inline float exp_nonpositive(float x) {
@@ -115,18 +188,64 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
+// Over one row's scores p[0..n) of a block, with `running_max` the row's max so far: the new max, and
+// p[t] replaced by exp(p[t] - max); returns their sum. AVX-512: 16 scores per instruction (the scalar loops
+// do not vectorise: floor and the exponent's bit cast stay scalar), exp as above with scalef for the 2^n.
+inline float exponentiate(float* __restrict p, int64_t n, float running_max, float* new_max) {
+#ifdef __AVX512F__
+  __m512 m = _mm512_set1_ps(running_max);
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - c)) - 1);
+    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, live, p + c));
+  }
+  const float max = _mm512_reduce_max_ps(m);
+  const __m512 vmax = _mm512_set1_ps(max);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - c)) - 1);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, p + c), vmax);
+    const __m512 y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)), _mm512_set1_ps(-126.f));
+    const __m512 whole = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, whole);
+    __m512 e = _mm512_set1_ps(2.1877504771450245e-4f);
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.2387821474991664e-3f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.684580453165878e-3f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.548042632518072e-2f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4023050204515808e-1f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931469286930156e-1f));
+    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0000000025868891f));
+    e = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(e, whole));
+    _mm512_mask_storeu_ps(p + c, live, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  *new_max = max;
+  return _mm512_reduce_add_ps(sum);
+#else
+  float max = running_max;
+  for (int64_t t = 0; t < n; ++t) max = std::max(max, p[t]);
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) {
+    p[t] = exp_nonpositive(p[t] - max);
+    sum += p[t];
+  }
+  *new_max = max;
+  return sum;
+#endif
+}
+
 struct Item {
   int64_t seq, kv_head, q_begin, q_end;  // q_* are token rows of the flattened query
   int64_t first_pos;                     // position of row q_begin in its sequence
   double cost;
 };
 
-// Per-thread buffers, sized once for the largest item: float32 queries, accumulators, one K/V block.
+// Per-thread buffers, sized once for the largest item: float32 queries, accumulators, one K/V block, and per
+// row its probabilities over that block and the correction of its running sum.
 struct Scratch {
-  std::vector<float> q, acc, k, v, scores, row_max, row_sum;
+  std::vector<float> q, acc, k, v, probs, correction, row_max, row_sum;
   Scratch(int64_t rows, int64_t block_size, int64_t head_dim)
       : q(rows * head_dim), acc(rows * head_dim), k(block_size * head_dim), v(block_size * head_dim),
-        scores(block_size), row_max(rows), row_sum(rows) {}
+        probs(rows * block_size), correction(rows), row_max(rows), row_sum(rows) {}
 };
 
 // HEAD_DIM > 0 fixes head_dim at compile time (fully unrolled vector loops, ~1.5x faster); 0 reads it at run time.
@@ -143,7 +262,8 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   float* acc = buf.acc.data();
   float* kf = buf.k.data();
   float* vf = buf.v.data();
-  float* scores = buf.scores.data();
+  float* probs = buf.probs.data();
+  float* correction = buf.correction.data();
   std::fill_n(acc, rows * head_dim, 0.f);
   std::fill_n(buf.row_max.data(), rows, -std::numeric_limits<float>::infinity());
   std::fill_n(buf.row_sum.data(), rows, 0.f);
@@ -171,35 +291,29 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
         load_row(v + base + t * c_s1, vf + t * head_dim, head_dim, 1.f);
       }
     }
+    // Scores and the online-softmax update row by row; then the values, all rows together. A row's
+    // probabilities past what it may see (causal) are 0, and a row that sees none of the block keeps its
+    // accumulator (correction 1).
+    int64_t used = 0;
     for (int64_t r = 0; r < rows; ++r) {
       // Causal: row r's token sits at first_pos + r / group and sees up to that position.
-      const int64_t limit = std::min(n, it.first_pos + r / group + 1 - start);
-      if (limit <= 0) continue;
-      const float* qr = qf + r * head_dim;
-      block_scores<HEAD_DIM>(qr, kb, row_stride, limit, head_dim, scores);
+      const int64_t limit = std::max<int64_t>(0, std::min(n, it.first_pos + r / group + 1 - start));
+      float* pr = probs + r * block_size;
+      std::fill(pr + limit, pr + n, 0.f);
+      if (limit == 0) {
+        correction[r] = 1.f;
+        continue;
+      }
+      used = std::max(used, limit);
+      block_scores<HEAD_DIM>(qf + r * head_dim, kb, row_stride, limit, head_dim, pr);
       const float old_max = buf.row_max[r];
-      float new_max = old_max;
-#pragma omp simd reduction(max : new_max)
-      for (int64_t t = 0; t < limit; ++t) new_max = std::max(new_max, scores[t]);
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t t = 0; t < limit; ++t) {
-        scores[t] = exp_nonpositive(scores[t] - new_max);
-        sum += scores[t];
-      }
-      const float correction = exp_nonpositive(old_max - new_max);  // ~0 on the first block
-      float* ar = acc + r * head_dim;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) ar[d] *= correction;
-      for (int64_t t = 0; t < limit; ++t) {
-        const float p = scores[t];
-        const float* vt = vb + t * row_stride;
-#pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) ar[d] += p * vt[d];
-      }
+      float new_max;
+      const float sum = exponentiate(pr, limit, old_max, &new_max);
+      correction[r] = exp_nonpositive(old_max - new_max);  // ~0 on the first block
       buf.row_max[r] = new_max;
-      buf.row_sum[r] = buf.row_sum[r] * correction + sum;
+      buf.row_sum[r] = buf.row_sum[r] * correction[r] + sum;
     }
+    accumulate_values<HEAD_DIM>(acc, correction, probs, block_size, vb, row_stride, used, head_dim, rows);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t head = it.kv_head * group + r % group;

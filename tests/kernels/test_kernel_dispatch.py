@@ -104,11 +104,11 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_start(monkey
     monkeypatch.setenv("PAGED_PLAYGROUND_CACHE", str(tmp_path))
     builds = []
 
-    def killed_midway(name, sources, extra_cflags, build_directory, verbose):
+    def killed_midway(name, sources, build_directory, **options):
         (Path(build_directory) / "lock").touch()  # what the killed build leaves behind
         raise RuntimeError("killed")
 
-    def build(name, sources, extra_cflags, build_directory, verbose):
+    def build(name, sources, build_directory, **options):
         builds.append((Path(build_directory) / "lock").exists())
         return object()
 
