@@ -68,6 +68,42 @@ class FloatWeight(LinearWeight):
         return F.embedding(ids, self.value)
 
 
+class PackedFloatWeight(LinearWeight):
+    """A float32 or bfloat16 weight held only in oneDNN's blocked layout, for matmuls on the CPU.
+
+    At decode batch sizes oneDNN with a weight packed once multiplies 1.3-2x faster than `F.linear`, which
+    reorders the plain weight on every call (BENCHMARKS.md, issue 12; vLLM's CPU backend packs too). The plain
+    copy is dropped, so the weights take the same memory as before. The packed tensor is opaque: it is not a
+    parameter (`module.to()` must not touch it), it serves one dtype, and `dequantize` recovers the values
+    exactly by multiplying the identity (`I @ W.T` is `W.T`: each output is one weight times 1, plus zeros).
+    """
+
+    def __init__(self, weight: FloatWeight) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.out_features, weight.in_features
+        self.dtype = weight.value.dtype
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.value.detach(), None)
+
+    @staticmethod
+    def packs(weight: LinearWeight) -> bool:
+        """Whether `weight` is a float weight that oneDNN can hold packed."""
+        return (isinstance(weight, FloatWeight) and weight.value.device.type == "cpu"
+                and weight.value.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            raise TypeError(f"this weight is packed for {self.dtype} inputs, got {x.dtype}")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+    def dequantize(self) -> torch.Tensor:
+        identity = torch.eye(self.in_features, dtype=self.dtype)
+        return self.matmul(identity).T.float().contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+
 class Linear(nn.Module):
     """`y = x @ W.T (+ b)`; the weight's representation is swapped in by `load`, the bias stays float.
 

@@ -21,6 +21,7 @@ import torch
 
 import kernels
 from inference.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineArgs
+from inference.linear import LinearWeight
 from inference.lora_slots import LoRAManager
 from inference.model import AttentionMetadata, ModelConfig, load_model
 from inference.model_loader import find_gguf
@@ -37,10 +38,13 @@ def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, tensor
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's weights (parameters and buffers, a tied table counted once), RoPE tables excluded."""
-    buffers = (t for name, t in model.named_buffers() if not name.startswith("rope."))
-    tensors = {id(t): t for t in (*model.parameters(), *buffers)}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes of the model's weights, RoPE tables excluded: each `LinearWeight` as it counts itself (a packed
+    one holds no parameter), a weight shared by two layers once, then the other parameters (norms, biases)."""
+    weights = {id(m): m for m in model.modules() if isinstance(m, LinearWeight)}
+    inside = {id(t) for m in weights.values() for t in (*m.parameters(), *m.buffers())}
+    named = (*model.named_parameters(), *model.named_buffers())
+    rest = {id(t): t for name, t in named if not name.startswith("rope.") and id(t) not in inside}
+    return sum(m.nbytes for m in weights.values()) + sum(t.numel() * t.element_size() for t in rest.values())
 
 
 class ModelRunner:

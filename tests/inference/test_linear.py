@@ -3,7 +3,11 @@
 import pytest
 import torch
 
-from inference.linear import FloatWeight, Linear, VocabEmbedding
+from inference.linear import FloatWeight, Linear, PackedFloatWeight, VocabEmbedding
+from inference.model import load_model
+from inference.model_runner import resident_bytes
+from inference.quantization.weights import Int8Weight
+from tests.inference.tiny_models import SHAPE, save_tiny
 
 
 def test_fused_layer_equals_its_parts_and_splits_back():
@@ -33,3 +37,34 @@ def test_tied_embedding_rows_are_the_lm_head_weight_rows():
     ids = torch.tensor([3, 0, 9])
     torch.testing.assert_close(embed(ids), table[ids])
     torch.testing.assert_close(head(embed(ids)), table[ids] @ table.T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_multiplies_like_the_plain_one_and_gives_its_values_back(dtype):
+    torch.manual_seed(0)
+    value = torch.randn(96, 64).to(dtype)
+    plain = FloatWeight(value.clone())
+    assert PackedFloatWeight.packs(plain)
+    packed = PackedFloatWeight(plain)
+    x = torch.randn(5, 64).to(dtype)
+    tolerance = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
+    torch.testing.assert_close(packed.matmul(x).float(), plain.matmul(x).float(), **tolerance)
+    assert torch.equal(packed.dequantize(), value.float())  # exact: the identity times W
+    assert packed.nbytes == plain.nbytes  # the packed copy replaces the plain one, it is not beside it
+    with pytest.raises(TypeError, match="packed for"):
+        packed.matmul(x.double())
+
+
+def test_loaded_model_packs_its_linear_layers_and_counts_what_it_keeps(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = save_tiny(tmp_path, LlamaForCausalLM, LlamaConfig(**SHAPE, tie_word_embeddings=True))
+    model = load_model(tmp_path, torch.device("cpu"), torch.float32)
+    assert isinstance(model.layers[0].self_attn.qkv_proj.weight, PackedFloatWeight)
+    assert isinstance(model.layers[0].mlp.down_proj.weight, PackedFloatWeight)
+    # The embedding keeps its plain table for row lookups; the tied head multiplies by a packed copy of it.
+    assert isinstance(model.embed_tokens.weight, FloatWeight)
+    assert torch.equal(model.lm_head.weight.dequantize(), model.embed_tokens.weight.dequantize())
+    table = SHAPE["vocab_size"] * SHAPE["hidden_size"] * 4
+    assert resident_bytes(model) == sum(p.numel() * 4 for p in hf.parameters()) + table
+    assert not PackedFloatWeight.packs(Int8Weight.quantize(torch.randn(8, 4), torch.device("cpu"), torch.float32))
