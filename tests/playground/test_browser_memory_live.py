@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from live_stack import REPO, EmbeddedServer
@@ -75,6 +76,10 @@ def chat(server: EmbeddedServer, params: dict, result: list) -> None:
         result.append(frame)
 
 
+def shared_seen(page) -> bool:
+    return page.evaluate("window.seen.some(s => s.shared > 0)")
+
+
 def points(card) -> list[int]:
     return [int(p) for p in card.locator(".chart").evaluate_all("els => els.map(e => e.dataset.points || '0')")]
 
@@ -86,15 +91,24 @@ def test_admin_view_charts_and_block_map_follow_a_running_generation(open_page, 
     canvas = card.locator("canvas.blockmap")
     assert canvas.get_attribute("data-used") == "0" and canvas.get_attribute("data-shared") == "0"
     start = points(card)
+    # Record every map the page draws, so a state shown between two of playwright's polls is not missed.
+    page.evaluate("""c => { window.seen = [];
+        new MutationObserver(() => window.seen.push({shared: Number(c.dataset.shared),
+                                                     rows: document.querySelectorAll('.requests tbody tr').length}))
+            .observe(c, {attributes: true}); }""", canvas.element_handle())  # fmt: skip
 
     result: list[dict] = []
-    thread = threading.Thread(target=chat, args=(server, {"n": 2, "temperature": 0.8, "seed": 3, "max_tokens": 24},
+    thread = threading.Thread(target=chat, args=(server, {"n": 2, "temperature": 0.8, "seed": 3, "max_tokens": 48},
                                                  result))  # fmt: skip
     thread.start()
     try:
         # Both samples hold the prompt's blocks: shared cells appear, and the request shows its block tables.
-        page.wait_for_function("c => Number(c.dataset.shared) > 0", arg=canvas.element_handle(), timeout=120_000)
-        assert card.locator(".requests tbody tr").count() == 2
+        deadline = time.monotonic() + 120
+        while thread.is_alive() and time.monotonic() < deadline and not shared_seen(page):
+            time.sleep(0.1)
+        page.wait_for_timeout(1000)  # frames still on their way once the chat has ended
+        seen = page.evaluate("window.seen")
+        assert any(s["shared"] > 0 and s["rows"] == 2 for s in seen), (seen, result, server.log_path.read_text()[-3000:])
         page.wait_for_function(
             "([c, n]) => [...c.querySelectorAll('.chart')].every((e) => Number(e.dataset.points) >= n)",
             arg=[card.element_handle(), max(start) + 3], timeout=120_000,
