@@ -103,7 +103,8 @@ def _choices(parser: argparse.ArgumentParser, what: str, given: str, allowed: tu
 
 def load_or_build(kind: str, args: argparse.Namespace, mode: Mode, tokenizer: Any,
                   spec: workloads.WorkloadSpec | None = None, **kwargs: Any) -> workloads.Workload:
-    path = args.workloads / f"{kind}{'-quick' if mode is QUICK else ''}.jsonl" if args.workloads else None
+    arrival = "" if kwargs.get("arrival", "all") == "all" else f"-{kwargs['arrival']}"
+    path = args.workloads / f"{kind}{arrival}{'-quick' if mode is QUICK else ''}.jsonl" if args.workloads else None
     if path is not None and path.is_file():
         return workloads.load(path)
     workload = workloads.build(kind, tokenizer, seed=args.seed, spec=spec or mode.specs[kind],
@@ -256,8 +257,8 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
         with stages.time("vs_vllm"):
             compared = {"chat": chat}
             if mode is FULL:  # the smoke run keeps to the chat workload
-                compared["shared-prefix"] = load_or_build("shared-prefix", args, mode, tokenizer, arrival="poisson",
-                                                          rate=SHARED_PREFIX_RATE[mode.name])
+                # All at t=0, like chat: a throughput race (Poisson arrivals at 1 req/s only measure the rate).
+                compared["shared-prefix"] = load_or_build("shared-prefix", args, mode, tokenizer)
             batch, contexts = DECODE_STEP_SHAPES[mode.name]
             out["vs_vllm"] = vs_vllm.measure(compared, config, batch, contexts, progress)
 
