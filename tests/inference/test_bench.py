@@ -229,7 +229,8 @@ def test_quick_run_experiments_and_outputs(quick_result):
     assert pngs == ["kv_memory_over_time.png", "prefix_caching.png", "throughput_vs_concurrency.png", "ttft_cdf.png"]
     assert all((out / "plots" / name).read_bytes()[:4] == b"\x89PNG" for name in pngs)
     saved = sorted(p.name for p in (out / "workloads").iterdir())
-    assert "chat-quick.jsonl" in saved and "shared-prefix-quick.jsonl" in saved
+    # Named by arrival: the prefix-caching experiment's Poisson workload is not the t=0 one of vs-vllm.
+    assert "chat-quick.jsonl" in saved and "shared-prefix-poisson-quick.jsonl" in saved
     vs = result["vs_vllm"]  # ours always; vLLM where its venv is installed, else a note saying how
     assert vs["ours"]["chat"]["output_tokens"] == result["workload"]["output_tokens"]
     assert all(vs["ours"][f"decode_{c}"]["step_s"] > 0 for c in (32, 96))

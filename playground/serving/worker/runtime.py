@@ -110,13 +110,18 @@ class WorkerRuntime:
             "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
         }
 
+    def beat(self) -> dict[str, Any]:
+        """Rewrite this worker's registry entry now, and return it."""
+        beat = self.heartbeat()
+        registry.beat(beat)
+        return beat
+
     def _heartbeat_loop(self) -> None:
         interval = settings.PLAYGROUND_HEARTBEAT_INTERVAL
         consuming = True
         while not self._stopping.is_set():
             try:
-                beat = self.heartbeat()
-                registry.beat(beat)
+                beat = self.beat()
                 if consuming and beat["state"] == "failed":
                     consuming = False
                     self._stop_consuming(beat["health"]["error"])
@@ -226,6 +231,12 @@ class WorkerRuntime:
             with self._lock:
                 self._live.discard(request_id)
         self.publisher.observe(stream.final.metrics)
+        try:
+            # Before `done`: a follow-up turn the client sends on it is routed by this entry (dispatch.py), which
+            # must not still show the queue of up to a second ago, when this request was waiting.
+            self.beat()
+        except Exception:
+            logger.exception("heartbeat failed")
         send({"type": "gen.done", "worker": self.name, **done})
 
 
