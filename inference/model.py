@@ -106,7 +106,7 @@ class RotaryEmbedding(nn.Module):
     """Plain RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position.
 
     `tables` looks a step's positions up once (the forward shares them across layers, saving two index ops
-    and two casts per layer); `rotate` applies them to q or k.
+    and two casts per layer); the kernels' `rotary_embedding_` applies them to q and k in place.
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
@@ -117,13 +117,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of every token's position, `[num_tokens, 1, head_dim / 2]` in `dtype`."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        """cos and sin of every token's position, `[num_tokens, head_dim / 2]` in `dtype`, for the kernels'
+        `rotary_embedding_` (kernels/reference.py)."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class Attention(nn.Module):
@@ -147,10 +143,12 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         ops: ModuleType,
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = RotaryEmbedding.rotate(q.view(-1, self.num_heads, self.head_dim), *rope)
-        k = RotaryEmbedding.rotate(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        # q's and k's heads are adjacent columns of the fused output: rotated together, in place.
+        qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        ops.rotary_embedding_(qk, *rope)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         key_cache, value_cache = kv_cache
         ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode:

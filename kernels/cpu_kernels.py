@@ -3,7 +3,8 @@
 Attention reads K/V in place through the block tables with an online softmax in float32
 (``kernels/csrc/paged_attention_cpu.cpp``): one routine for decode and prefill, threads over
 (sequence, KV head, query tile). Float32, bfloat16 and float16 run in C++; other dtypes (float64) take the
-reference. ``reshape_and_cache`` and ``copy_blocks`` are the reference's: they are single ``index_copy_``
+reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``).
+``reshape_and_cache`` and ``copy_blocks`` are the reference's: they are single ``index_copy_``
 passes already, with nothing to gain in C++.
 
 The extension is compiled with ``torch.utils.cpp_extension`` on first use (about a minute) into
@@ -30,13 +31,22 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "available", "unavailable_reason"]
+           "rotary_embedding_", "available", "unavailable_reason"]
 
 reshape_and_cache = reference.reshape_and_cache
 copy_blocks = reference.copy_blocks
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_attention_cpu.cpp"
+_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp")]
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """See ``kernels.reference.rotary_embedding_`` (bit-equal to it, in one pass: ``csrc/rotary_cpu.cpp``)."""
+    validation.check_rotary(x, cos, sin)
+    if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu":
+        return reference.rotary_embedding_(x, cos, sin)
+    if x.shape[0]:
+        extension().rotary_embedding(x, cos.contiguous(), sin.contiguous())
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -121,7 +131,9 @@ def _build() -> tuple[ModuleType | None, str]:
 
     # -fopenmp: at::parallel_for is a header template over `#pragma omp parallel`, so without it the kernel
     # runs on one thread. It links torch's own libgomp, so one OpenMP runtime serves torch and the kernel.
-    flags = ["-O3", "-fopenmp", *isa_flags()]
+    # -ffp-contract=off: no product is fused into an FMA behind the code's back, so scalar code rounds where
+    # torch's reference does (the rotary op is bit-equal to it); the attention's FMAs are explicit intrinsics.
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *isa_flags()]
     torch_lib = Path(torch.__file__).parent / "lib"
     ldflags = [f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"]
     tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags, *ldflags]).encode()).hexdigest()[:12]
@@ -134,7 +146,7 @@ def _build() -> tuple[ModuleType | None, str]:
         with open(build_dir / "build.flock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            module = cpp_extension.load(name="paged_attention_cpu", sources=[str(_SOURCE)], extra_cflags=flags,
+            module = cpp_extension.load(name="paged_attention_cpu", sources=[str(path) for path in _SOURCES], extra_cflags=flags,
                                         extra_ldflags=ldflags, build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"

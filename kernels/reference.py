@@ -18,7 +18,8 @@ from torch import Tensor
 
 from kernels import validation
 
-__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
+__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
+           "rotary_embedding_"]
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -34,6 +35,16 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     flat_shape = (-1, *key_cache.shape[2:])
     key_cache.view(flat_shape).index_copy_(0, slots, key.to(key_cache.dtype))
     value_cache.view(flat_shape).index_copy_(0, slots, value.to(value_cache.dtype))
+
+
+def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """Rotate every head of ``x: [num_tokens, heads, head_dim]`` in place by its token's position, in the
+    rotate-half layout HF Llama uses; ``cos, sin: [num_tokens, head_dim / 2]`` in ``x``'s dtype. Callers pass
+    q's and k's heads at once (a view of the fused qkv output)."""
+    validation.check_rotary(x, cos, sin)
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

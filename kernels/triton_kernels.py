@@ -17,9 +17,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels import validation
+from kernels import reference, validation
 
-__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks"]
+__all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
+           "rotary_embedding_"]
+
+# Elementwise on the GPU already: torch's ops run it well enough beside the attention kernels.
+rotary_embedding_ = reference.rotary_embedding_
 
 #: Tokens per decode partition; contexts longer than this are split across programs and merged.
 PARTITION_SIZE = 512

@@ -48,6 +48,19 @@ def output_for(query: Tensor, out: Tensor | None) -> Tensor:
     return out
 
 
+def check_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> None:
+    """``x: [tokens, heads, head_dim]`` (even head_dim, last dim contiguous) and ``cos, sin: [tokens,
+    head_dim / 2]`` in its dtype and on its device."""
+    if x.dim() != 3 or x.shape[2] % 2 or x.stride(2) != 1:
+        raise ValueError(f"x must be [tokens, heads, head_dim] with an even, contiguous head_dim, got "
+                         f"{tuple(x.shape)} with strides {x.stride()}")
+    want = (x.shape[0], x.shape[2] // 2)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.shape != want or table.dtype != x.dtype or table.device != x.device:
+            raise ValueError(f"{name} must be {list(want)} {x.dtype} on {x.device}, "
+                             f"got {tuple(table.shape)} {table.dtype} on {table.device}")
+
+
 def check_query_start_loc(query_start_loc: Tensor, num_seqs: int) -> None:
     if query_start_loc.shape != (num_seqs + 1,):
         raise ValueError(f"query_start_loc must be [{num_seqs + 1}], got {tuple(query_start_loc.shape)}")
