@@ -26,6 +26,7 @@ from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
 from inference.quantization.weights import Int4Codes
 from inference.weight_files import read_weights
+from kernels import reference
 
 
 @dataclass
@@ -95,11 +96,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, exactly as HF Llama does.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, ops: ModuleType = reference) -> torch.Tensor:
+        """As HF Llama normalises (kernels/reference.py), through the step's kernel backend."""
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -211,9 +210,9 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)
         rope = self.rope.tables(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = h + layer.self_attn(layer.input_layernorm(h), rope, kv_cache, meta, ops)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.norm(h)
+            h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
+            h = h + layer.mlp(layer.post_attention_layernorm(h, ops))
+        return self.norm(h, ops)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

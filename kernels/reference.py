@@ -19,7 +19,7 @@ from torch import Tensor
 from kernels import validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_"]
+           "rotary_embedding_", "rms_norm"]
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -35,6 +35,15 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     flat_shape = (-1, *key_cache.shape[2:])
     key_cache.view(flat_shape).index_copy_(0, slots, key.to(key_cache.dtype))
     value_cache.view(flat_shape).index_copy_(0, slots, value.to(value_cache.dtype))
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim exactly as HF Llama computes it: normalise in float32, cast back to ``x``'s
+    dtype, then multiply by ``weight`` (in that dtype)."""
+    validation.check_rms_norm(x, weight)
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:

@@ -20,10 +20,11 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_"]
+           "rotary_embedding_", "rms_norm"]
 
-# Elementwise on the GPU already: torch's ops run it well enough beside the attention kernels.
+# Elementwise on the GPU already: torch's ops run them well enough beside the attention kernels.
 rotary_embedding_ = reference.rotary_embedding_
+rms_norm = reference.rms_norm
 
 #: Tokens per decode partition; contexts longer than this are split across programs and merged.
 PARTITION_SIZE = 512

@@ -61,6 +61,13 @@ def check_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> None:
                              f"got {tuple(table.shape)} {table.dtype} on {table.device}")
 
 
+def check_rms_norm(x: Tensor, weight: Tensor) -> None:
+    """``weight: [hidden]`` for ``x: [..., hidden]``, in its dtype and on its device."""
+    if weight.shape != (x.shape[-1],) or weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"weight must be [{x.shape[-1]}] {x.dtype} on {x.device}, "
+                         f"got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+
+
 def check_query_start_loc(query_start_loc: Tensor, num_seqs: int) -> None:
     if query_start_loc.shape != (num_seqs + 1,):
         raise ValueError(f"query_start_loc must be [{num_seqs + 1}], got {tuple(query_start_loc.shape)}")
