@@ -17,7 +17,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
@@ -170,9 +169,8 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, [intermediate, intermediate])
         self.down_proj = Linear(intermediate, cfg.hidden_size, reduce_group=group)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: ModuleType = reference) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -211,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rope.tables(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
-            h = h + layer.mlp(layer.post_attention_layernorm(h, ops))
+            h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)
         return self.norm(h, ops)
 
     @torch.inference_mode()

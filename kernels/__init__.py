@@ -20,7 +20,7 @@ from torch import Tensor
 from kernels import cpu_kernels, reference
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "get_backend", "BACKENDS"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "get_backend", "BACKENDS"]
 
 BACKENDS = (None, "auto", "triton", "cpu", "torch")
 
@@ -69,6 +69,11 @@ def _for(tensor: Tensor) -> ModuleType:
     if tensor.is_cuda:
         return _triton()
     return cpu_kernels if tensor.device.type == "cpu" and cpu_kernels.available() else reference
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """See ``kernels.reference.silu_and_mul``."""
+    return _for(x).silu_and_mul(x)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

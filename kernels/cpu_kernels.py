@@ -4,7 +4,7 @@ Attention reads K/V in place through the block tables with an online softmax in 
 (``kernels/csrc/paged_attention_cpu.cpp``): one routine for decode and prefill, threads over
 (sequence, KV head, query tile). Float32, bfloat16 and float16 run in C++; other dtypes (float64) take the
 reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a
-row in one (``kernels/csrc/rms_norm_cpu.cpp``).
+row in one (``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``.
 ``reshape_and_cache`` and ``copy_blocks`` are the reference's: they are single ``index_copy_``
 passes already, with nothing to gain in C++.
 
@@ -32,13 +32,13 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "available", "unavailable_reason"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "available", "unavailable_reason"]
 
 reshape_and_cache = reference.reshape_and_cache
 copy_blocks = reference.copy_blocks
 
 _SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
-                                                                     "rms_norm_cpu.cpp")]
+                                                                     "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp")]
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -57,6 +57,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu" or x.dim() != 2 or x.stride(-1) != 1:
         return reference.rms_norm(x, weight, eps)
     return extension().rms_norm(x, weight.contiguous(), float(eps))
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """See ``kernels.reference.silu_and_mul`` (one pass: ``csrc/silu_and_mul_cpu.cpp``)."""
+    validation.check_silu_and_mul(x)
+    if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu" or x.dim() != 2 or x.stride(-1) != 1:
+        return reference.silu_and_mul(x)
+    return extension().silu_and_mul(x)
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

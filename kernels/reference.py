@@ -19,7 +19,7 @@ from torch import Tensor
 from kernels import validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul"]
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -35,6 +35,13 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     flat_shape = (-1, *key_cache.shape[2:])
     key_cache.view(flat_shape).index_copy_(0, slots, key.to(key_cache.dtype))
     value_cache.view(flat_shape).index_copy_(0, slots, value.to(value_cache.dtype))
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """The gated MLP's activation: ``silu(gate) * up`` for ``x = [gate | up]`` (the fused gate_up output)."""
+    validation.check_silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -20,11 +20,12 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul"]
 
 # Elementwise on the GPU already: torch's ops run them well enough beside the attention kernels.
 rotary_embedding_ = reference.rotary_embedding_
 rms_norm = reference.rms_norm
+silu_and_mul = reference.silu_and_mul
 
 #: Tokens per decode partition; contexts longer than this are split across programs and merged.
 PARTITION_SIZE = 512

@@ -68,6 +68,12 @@ def check_rms_norm(x: Tensor, weight: Tensor) -> None:
                          f"got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
 
 
+def check_silu_and_mul(x: Tensor) -> None:
+    """``x: [..., 2 * inter]``: a fused [gate | up] output."""
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise ValueError(f"x must be [..., 2 * inter] (gate then up), got {tuple(x.shape)}")
+
+
 def check_query_start_loc(query_start_loc: Tensor, num_seqs: int) -> None:
     if query_start_loc.shape != (num_seqs + 1,):
         raise ValueError(f"query_start_loc must be [{num_seqs + 1}], got {tuple(query_start_loc.shape)}")
