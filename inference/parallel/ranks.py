@@ -45,6 +45,7 @@ START_TIMEOUT = datetime.timedelta(seconds=300)  # spawning, importing torch, jo
 STOP_TIMEOUT_S = 10.0  # a rank told to stop has this long before it is killed
 FAULT_NAMING_S = 2.0  # a failed step waits this long for the watchdog to name a dead rank
 WATCH_INTERVAL_S = 0.5  # how often the watchdog looks whether the engine has closed (deaths wake it at once)
+REAP_TIMEOUT_S = 5.0  # how long a rank whose sentinel has closed may take to be reaped
 STEP, STOP = 1, 0  # the header's kinds
 
 
@@ -203,7 +204,9 @@ class Ranks:
         for rank, process in enumerate(self.processes, start=1):
             if process.pid is None or not wait([process.sentinel], timeout=0):
                 continue
-            process.join(1.0)  # its sentinel closes a moment before it can be reaped
+            # Its sentinel closes a moment before it can be reaped; on a loaded machine more than a second
+            # has passed (CI), and the failure then named no rank.
+            process.join(REAP_TIMEOUT_S)
             if process.exitcode is not None:
                 message = f"tensor-parallel rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
                 key = f"error/{rank}"
