@@ -190,7 +190,7 @@ class Ranks:
         sentinels = [p.sentinel for p in self.processes]
         while not self._closed:
             if wait(sentinels, timeout=WATCH_INTERVAL_S) and not self._closed:
-                self._fail(self._death() or "a tensor-parallel rank exited")
+                self._fail(self._death(REAP_TIMEOUT_S) or "a tensor-parallel rank exited")
                 return
 
     def _fail(self, message: str) -> None:
@@ -199,21 +199,23 @@ class Ranks:
             self.failure = message
         _kill([p for p in self.processes if p.pid is not None])
 
-    def _death(self) -> str | None:
-        """Why the first rank process that has exited did, or None while all run."""
-        for rank, process in enumerate(self.processes, start=1):
-            if process.pid is None or not wait([process.sentinel], timeout=0):
-                continue
-            # Its sentinel closes a moment before it can be reaped; on a loaded machine more than a second
-            # has passed (CI), and the failure then named no rank.
-            process.join(REAP_TIMEOUT_S)
-            if process.exitcode is not None:
+    def _death(self, wait_s: float = 0.0) -> str | None:
+        """Why the first rank process that has exited did, or None while all run. A dead rank's exit code can
+        lag its sentinel, so the watchdog looks for up to `wait_s`; the exit code is read by `waitpid`, not
+        through the sentinel (in a long test run a dead rank's sentinel once never reported it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, process in enumerate(self.processes, start=1):
+                if process.pid is None or process.exitcode is None:
+                    continue
                 message = f"tensor-parallel rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
                 key = f"error/{rank}"
                 if self._store.check([key]):
                     message += f": {self._store.get(key).decode().strip().splitlines()[-1]}"
                 return message
-        return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
 
 def _kill(processes: list) -> None:
