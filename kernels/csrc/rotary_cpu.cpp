@@ -11,16 +11,10 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
-#include <type_traits>
+
+#include "cpu_math.h"
 
 namespace {
-
-// x rounded to T's precision, as a float (the identity for float).
-template <typename T>
-inline float round_to(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return static_cast<float>(static_cast<T>(x));
-}
 
 template <typename T>
 void rotate(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin) {

@@ -13,12 +13,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu_math.h"
+
 namespace {
 
-// 2^f for f in [0, 1): a degree-6 least-squares fit (error 3e-9), the same as the attention kernel's.
-constexpr float P[] = {2.1877504771450245e-4f, 1.2387821474991664e-3f, 9.684580453165878e-3f,
-                       5.548042632518072e-2f,  2.4023050204515808e-1f, 6.931469286930156e-1f,
-                       1.0000000025868891f};
+constexpr const float* P = EXP2_FRACTION;
 
 inline float silu(float g) {
   const float y = std::min(std::max(-g * 1.4426950408889634f, -126.f), 127.f);  // exp(-g) = 2^y
@@ -39,12 +38,6 @@ inline __m512 silu16(__m512 g) {
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), _mm512_scalef_ps(p, n)));
 }
 #endif
-
-template <typename T>
-inline float round_to(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return static_cast<float>(static_cast<T>(x));
-}
 
 template <typename T>
 void activate(torch::Tensor out, const torch::Tensor& x) {
