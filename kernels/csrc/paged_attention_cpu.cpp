@@ -11,9 +11,6 @@
 // counter by torch's intra-op threads, so long prefills do not leave a thread idle at the end.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +20,8 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include "cpu_math.h"
 
 namespace {
 
@@ -39,21 +38,15 @@ inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 template <typename T>
 inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n, float scale) {
-#ifdef __AVX512F__
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // 16 at a time: a bfloat16 is a float32's high half
-    const __m512 s = _mm512_set1_ps(scale);
-    int64_t d = 0;
-    for (; d + 16 <= n; d += 16) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
-      const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      _mm512_storeu_ps(dst + d, _mm512_mul_ps(x, s));
-    }
-    for (; d < n; ++d) dst[d] = to_float(src[d]) * scale;
-    return;
+  int64_t d = 0;
+#if FVEC_WIDTH
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // a register at a time
+    const fvec s = vset(scale);
+    for (; d + FVEC_WIDTH <= n; d += FVEC_WIDTH)
+      vstore(dst + d, vmul(vload_bf16(reinterpret_cast<const uint16_t*>(src + d)), s));
   }
 #endif
-#pragma omp simd
-  for (int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]) * scale;
+  for (; d < n; ++d) dst[d] = to_float(src[d]) * scale;
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
@@ -63,45 +56,27 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   return sum;
 }
 
-#ifdef __AVX512F__
-// r[i] = the sum of v[i]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree of 45 instructions,
-// where 16 separate horizontal reductions take about three times as many.
-inline __m512 sum_lanes_of_16(const __m512* v) {
-  __m512 w[8], x[4];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
-    x[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(y0, y1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#endif
-
-// scores[t] = q . k[t] for the first n rows of k (row t at k + t * row_stride).
+// scores[t] = q . k[t] for the first n rows of k (row t at k + t * row_stride): FVEC_WIDTH rows at once, one
+// accumulator each (independent FMA chains), their lanes summed together by vsum_lanes.
 template <int64_t HEAD_DIM>
 inline void block_scores(const float* __restrict q, const float* __restrict k, int64_t row_stride, int64_t n,
                          int64_t head_dim, float* __restrict scores) {
-#ifdef __AVX512F__
-  if constexpr (HEAD_DIM > 0 && HEAD_DIM % 16 == 0) {
-    for (int64_t c = 0; c < n; c += 16) {
-      const int64_t m = std::min<int64_t>(16, n - c);
-      __m512 partial[16];
-      for (int64_t t = 0; t < 16; ++t) {
-        __m512 acc = _mm512_setzero_ps();
+#if FVEC_WIDTH
+  if constexpr (HEAD_DIM > 0 && HEAD_DIM % FVEC_WIDTH == 0) {
+    for (int64_t c = 0; c < n; c += FVEC_WIDTH) {
+      const int64_t m = std::min<int64_t>(FVEC_WIDTH, n - c);
+      fvec partial[FVEC_WIDTH];
+      for (int64_t t = 0; t < FVEC_WIDTH; ++t) {
+        fvec acc = vzero();
         if (t < m) {  // rows past n may lie outside the context: never read them
           const float* kt = k + (c + t) * row_stride;
-          for (int64_t d = 0; d < HEAD_DIM; d += 16)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(kt + d), acc);
+          for (int64_t d = 0; d < HEAD_DIM; d += FVEC_WIDTH) acc = vfmadd(vload(q + d), vload(kt + d), acc);
         }
         partial[t] = acc;
       }
-      _mm512_mask_storeu_ps(scores + c, static_cast<__mmask16>((1u << m) - 1), sum_lanes_of_16(partial));
+      alignas(64) float sums[FVEC_WIDTH];
+      vstore(sums, vsum_lanes(partial));
+      std::copy_n(sums, m, scores + c);
     }
     return;
   }
@@ -112,30 +87,30 @@ inline void block_scores(const float* __restrict q, const float* __restrict k, i
 // For R rows r at once: acc[r] = acc[r] * correction[r] + sum over t < n of p[r][t] * v[t] (p[r] at
 // p + r * p_stride, row t of v at v + t * row_stride). Each V row is loaded once for all R rows (a GQA group
 // shares its KV head), and with the head size fixed the R accumulator rows stay in registers for the block:
-// R * HEAD_DIM / 16 independent FMA chains instead of a load and store of the accumulator per token.
+// R * HEAD_DIM / FVEC_WIDTH independent FMA chains instead of a load and store of the accumulator per token.
 template <int64_t HEAD_DIM, int64_t R>
 inline void accumulate_rows(float* __restrict acc, const float* __restrict correction, const float* __restrict p,
                             int64_t p_stride, const float* __restrict v, int64_t row_stride, int64_t n,
                             int64_t head_dim) {
-#ifdef __AVX512F__
-  if constexpr (HEAD_DIM > 0 && HEAD_DIM % 16 == 0) {
-    constexpr int64_t V = HEAD_DIM / 16;
-    __m512 a[R][V];
+#if FVEC_WIDTH
+  if constexpr (HEAD_DIM > 0 && HEAD_DIM % FVEC_WIDTH == 0) {
+    constexpr int64_t V = HEAD_DIM / FVEC_WIDTH;
+    fvec a[R][V];
     for (int64_t r = 0; r < R; ++r) {
-      const __m512 c = _mm512_set1_ps(correction[r]);
-      for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * HEAD_DIM + 16 * i), c);
+      const fvec c = vset(correction[r]);
+      for (int64_t i = 0; i < V; ++i) a[r][i] = vmul(vload(acc + r * HEAD_DIM + FVEC_WIDTH * i), c);
     }
     for (int64_t t = 0; t < n; ++t) {
       const float* vt = v + t * row_stride;
-      __m512 vv[V];
-      for (int64_t i = 0; i < V; ++i) vv[i] = _mm512_loadu_ps(vt + 16 * i);
+      fvec vv[V];
+      for (int64_t i = 0; i < V; ++i) vv[i] = vload(vt + FVEC_WIDTH * i);
       for (int64_t r = 0; r < R; ++r) {
-        const __m512 pt = _mm512_set1_ps(p[r * p_stride + t]);
-        for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_fmadd_ps(pt, vv[i], a[r][i]);
+        const fvec pt = vset(p[r * p_stride + t]);
+        for (int64_t i = 0; i < V; ++i) a[r][i] = vfmadd(pt, vv[i], a[r][i]);
       }
     }
     for (int64_t r = 0; r < R; ++r)
-      for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * HEAD_DIM + 16 * i, a[r][i]);
+      for (int64_t i = 0; i < V; ++i) vstore(acc + r * HEAD_DIM + FVEC_WIDTH * i, a[r][i]);
     return;
   }
 #endif
@@ -153,84 +128,65 @@ inline void accumulate_rows(float* __restrict acc, const float* __restrict corre
   }
 }
 
-// accumulate_rows for `count` (any) rows, four at a time (16 accumulators when HEAD_DIM is 64).
-template <int64_t HEAD_DIM>
+// How many rows accumulate_rows takes at once: as many (up to 4) as keep their accumulators and one V row in
+// the ISA's vector registers (AVX-512: 32, AVX2: 16), so none spill to memory.
+constexpr int64_t rows_at_once(int64_t head_dim) {
+#if FVEC_WIDTH
+  if (head_dim > 0 && head_dim % FVEC_WIDTH == 0) {
+    const int64_t per_row = head_dim / FVEC_WIDTH, registers = FVEC_WIDTH == 16 ? 32 : 16;
+    return std::max<int64_t>(1, std::min<int64_t>(4, (registers - per_row) / per_row));
+  }
+#endif
+  return 4;
+}
+
+// accumulate_rows for `count` (any) rows, R at a time, the rest by fewer.
+template <int64_t HEAD_DIM, int64_t R = rows_at_once(HEAD_DIM)>
 inline void accumulate_values(float* acc, const float* correction, const float* p, int64_t p_stride,
                               const float* v, int64_t row_stride, int64_t n, int64_t head_dim, int64_t count) {
   int64_t r = 0;
-  for (; r + 4 <= count; r += 4)
-    accumulate_rows<HEAD_DIM, 4>(acc + r * head_dim, correction + r, p + r * p_stride, p_stride, v, row_stride, n,
+  for (; r + R <= count; r += R)
+    accumulate_rows<HEAD_DIM, R>(acc + r * head_dim, correction + r, p + r * p_stride, p_stride, v, row_stride, n,
                                  head_dim);
-  const int64_t rest = count - r;
-  float* ar = acc + r * head_dim;
-  const float* pr = p + r * p_stride;
-  if (rest == 3) accumulate_rows<HEAD_DIM, 3>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
-  if (rest == 2) accumulate_rows<HEAD_DIM, 2>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
-  if (rest == 1) accumulate_rows<HEAD_DIM, 1>(ar, correction + r, pr, p_stride, v, row_stride, n, head_dim);
+  if constexpr (R > 1) {
+    if (r < count)
+      accumulate_values<HEAD_DIM, R - 1>(acc + r * head_dim, correction + r, p + r * p_stride, p_stride, v,
+                                         row_stride, n, head_dim, count - r);
+  }
 }
 
-// exp(x) for x <= 0 (a score minus its running max) as 2^n * p(f): plain arithmetic the compiler vectorises,
-// where std::exp is a scalar libm call per score. Relative error ~1e-7 (float32 rounding); -inf gives 2^-126.
-inline float exp_nonpositive(float x) {
-  const float y = std::max(x * 1.4426950408889634f, -126.f);
-  const float n = std::floor(y);
-  const float f = y - n;  // [0, 1): 2^f by a degree-6 least-squares fit (error 3e-9)
-  float p = 2.1877504771450245e-4f;
-  p = p * f + 1.2387821474991664e-3f;
-  p = p * f + 9.684580453165878e-3f;
-  p = p * f + 5.548042632518072e-2f;
-  p = p * f + 2.4023050204515808e-1f;
-  p = p * f + 6.931469286930156e-1f;
-  p = p * f + 1.0000000025868891f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return p * two_n;
-}
+// exp(x) for x <= 0 (a score minus its running max): relative error ~1e-7 (float32 rounding); -inf gives 2^-126.
+inline float exp_nonpositive(float x) { return exp2_bounded(std::max(x * LOG2_E, -126.f)); }
 
 // Over one row's scores p[0..n) of a block, with `running_max` the row's max so far: the new max, and
-// p[t] replaced by exp(p[t] - max); returns their sum. AVX-512: 16 scores per instruction (the scalar loops
-// do not vectorise: floor and the exponent's bit cast stay scalar), exp as above with scalef for the 2^n.
+// p[t] replaced by exp(p[t] - max); returns their sum. A register of scores at a time, the tail one by one
+// (the scalar loops do not vectorise: floor and the exponent's bit cast stay scalar).
 inline float exponentiate(float* __restrict p, int64_t n, float running_max, float* new_max) {
-#ifdef __AVX512F__
-  __m512 m = _mm512_set1_ps(running_max);
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - c)) - 1);
-    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, live, p + c));
+  float max = running_max, sum = 0.f;
+  int64_t t = 0;
+#if FVEC_WIDTH
+  fvec m = vset(running_max);
+  for (; t + FVEC_WIDTH <= n; t += FVEC_WIDTH) m = vmax(m, vload(p + t));
+  max = vreduce_max(m);
+#endif
+  for (; t < n; ++t) max = std::max(max, p[t]);
+  t = 0;
+#if FVEC_WIDTH
+  const fvec vm = vset(max);
+  fvec s = vzero();
+  for (; t + FVEC_WIDTH <= n; t += FVEC_WIDTH) {
+    const fvec e = vexp2_bounded(vmax(vmul(vsub(vload(p + t), vm), vset(LOG2_E)), vset(-126.f)));
+    vstore(p + t, e);
+    s = vadd(s, e);
   }
-  const float max = _mm512_reduce_max_ps(m);
-  const __m512 vmax = _mm512_set1_ps(max);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - c)) - 1);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, p + c), vmax);
-    const __m512 y = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)), _mm512_set1_ps(-126.f));
-    const __m512 whole = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, whole);
-    __m512 e = _mm512_set1_ps(2.1877504771450245e-4f);
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.2387821474991664e-3f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.684580453165878e-3f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.548042632518072e-2f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4023050204515808e-1f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931469286930156e-1f));
-    e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0000000025868891f));
-    e = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(e, whole));
-    _mm512_mask_storeu_ps(p + c, live, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  *new_max = max;
-  return _mm512_reduce_add_ps(sum);
-#else
-  float max = running_max;
-  for (int64_t t = 0; t < n; ++t) max = std::max(max, p[t]);
-  float sum = 0.f;
-  for (int64_t t = 0; t < n; ++t) {
+  sum = vreduce_add(s);
+#endif
+  for (; t < n; ++t) {
     p[t] = exp_nonpositive(p[t] - max);
     sum += p[t];
   }
   *new_max = max;
   return sum;
-#endif
 }
 
 struct Item {

@@ -4,9 +4,6 @@
 // polynomial (relative error ~1e-7, like torch's vectorised one), so float32 results agree to rounding.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -17,25 +14,13 @@
 
 namespace {
 
-constexpr const float* P = EXP2_FRACTION;
+// exp(-g) = 2^y, y clamped to where 2^y is a normal float (past it silu is g or 0 to float precision anyway).
+inline float silu(float g) { return g / (1.f + exp2_bounded(std::min(std::max(-g * LOG2_E, -126.f), 127.f))); }
 
-inline float silu(float g) {
-  const float y = std::min(std::max(-g * 1.4426950408889634f, -126.f), 127.f);  // exp(-g) = 2^y
-  const float n = std::floor(y), f = y - n;
-  float p = P[0];
-  for (int i = 1; i < 7; ++i) p = p * f + P[i];
-  return g / (1.f + std::ldexp(p, static_cast<int>(n)));
-}
-
-#ifdef __AVX512F__
-inline __m512 silu16(__m512 g) {
-  const __m512 y = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(g, _mm512_set1_ps(-1.4426950408889634f)),
-                                               _mm512_set1_ps(-126.f)), _mm512_set1_ps(127.f));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(P[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(P[i]));
-  return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), _mm512_scalef_ps(p, n)));
+#if FVEC_WIDTH
+inline fvec vsilu(fvec g) {
+  const fvec y = vmin(vmax(vmul(g, vset(-LOG2_E)), vset(-126.f)), vset(127.f));
+  return vdiv(g, vadd(vset(1.f), vexp2_bounded(y)));
 }
 #endif
 
@@ -50,16 +35,16 @@ void activate(torch::Tensor out, const torch::Tensor& x) {
       const T* up = gate + inter;
       T* o = dst + t * inter;
       int64_t i = 0;
-#ifdef __AVX512F__
+#if FVEC_WIDTH
       if constexpr (std::is_same_v<T, float>) {
-        for (; i + 16 <= inter; i += 16)
-          _mm512_storeu_ps(o + i, _mm512_mul_ps(silu16(_mm512_loadu_ps(gate + i)), _mm512_loadu_ps(up + i)));
+        for (; i + FVEC_WIDTH <= inter; i += FVEC_WIDTH)
+          vstore(o + i, vmul(vsilu(vload(gate + i)), vload(up + i)));
       } else {
-        alignas(64) float g[16], s[16];
-        for (; i + 16 <= inter; i += 16) {
-          for (int k = 0; k < 16; ++k) g[k] = static_cast<float>(gate[i + k]);
-          _mm512_store_ps(s, silu16(_mm512_load_ps(g)));
-          for (int k = 0; k < 16; ++k)
+        alignas(64) float g[FVEC_WIDTH], s[FVEC_WIDTH];
+        for (; i + FVEC_WIDTH <= inter; i += FVEC_WIDTH) {
+          for (int k = 0; k < FVEC_WIDTH; ++k) g[k] = static_cast<float>(gate[i + k]);
+          vstore(s, vsilu(vload(g)));
+          for (int k = 0; k < FVEC_WIDTH; ++k)
             o[i + k] = static_cast<T>(round_to<T>(s[k]) * static_cast<float>(up[i + k]));
         }
       }
