@@ -247,6 +247,14 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
+    def prompt_blocks_to_compute(self, seq: Sequence) -> list[int]:
+        """Hashes of the full prompt blocks of an admitted `seq` not cached yet, in order: what its prefill is
+        computing and will register. Empty without prefix caching."""
+        if not self.enable_prefix_caching:
+            return []
+        self._update_block_hashes(seq)
+        return seq.block_hashes[seq.num_cached_blocks : seq.num_prompt_tokens // self.block_size]
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """After a step: register blocks that are now full and computed, so later requests can reuse them."""
         if not self.enable_prefix_caching:

@@ -12,7 +12,9 @@ Every step, in this order:
    device slot; one whose adapter cannot get a slot yet (every slot serves running sequences) is passed
    over, keeping its place in line, while sequences of the base model or of resident adapters go ahead.
    A request whose grammar is still compiling (structured outputs) is passed over the same way until it
-   is ready.
+   is ready. So is one whose next uncached blocks, for at least half of what it would compute, are blocks a
+   running prefill is computing right now (a shared system prompt sent by many users at once): a step later
+   they are in the prefix cache, and it computes only the rest instead of the same K/V a second time.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ class Scheduler:
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
 
+        in_flight = self._prefill_blocks_in_flight()
         for seq in list(self.waiting):
             if budget == 0 or out.preempted:
                 break
@@ -104,6 +107,8 @@ class Scheduler:
             num_new = min(len(seq.token_ids) - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
+            if self._prefix_in_flight(seq, cached, in_flight):
+                continue  # a step later its prefix is cached; it keeps its place in line
             if not self._adapter_ready(seq):
                 continue  # its adapter waits for a device slot; it keeps its place in line
             self.waiting.remove(seq)
@@ -115,6 +120,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            in_flight.update(self.block_manager.prompt_blocks_to_compute(seq))
         if out.scheduled and self.block_manager.events.enabled:
             self.block_manager.events.emit(Scheduled, seqs=tuple(
                 ScheduledEntry(s.seq.seq_id, s.seq.request_id, s.num_new_tokens,
@@ -122,6 +128,25 @@ class Scheduler:
                 for s in out.scheduled
             ))
         return out
+
+    def _prefill_blocks_in_flight(self) -> set[int]:
+        """Hashes of the prompt blocks that running prefills are computing (not cached yet)."""
+        return {h for seq in self.running if seq.num_computed_tokens < seq.num_prompt_tokens
+                for h in self.block_manager.prompt_blocks_to_compute(seq)}
+
+    def _prefix_in_flight(self, seq: Sequence, cached: list[int], in_flight: set[int]) -> bool:
+        """Whether at least half of the tokens `seq` would compute lie in blocks, right after its cached
+        prefix, that a running prefill is computing now. Waiting costs it one step (or as many as that
+        prefill's chunks), so a block or two of a short shared header is not worth it; most of a prompt is."""
+        if not in_flight:
+            return False
+        bs = self.block_manager.block_size
+        shared = 0
+        for block_hash in seq.block_hashes[len(cached) : (len(seq.token_ids) - 1) // bs]:
+            if block_hash not in in_flight:
+                break
+            shared += 1
+        return shared > 0 and 2 * shared * bs >= len(seq.token_ids) - len(cached) * bs
 
     def _adapter_ready(self, seq: Sequence) -> bool:
         """Whether the sequence's adapter (if any) is in a device slot, loading it into a free one if it can."""

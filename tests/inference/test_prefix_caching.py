@@ -128,3 +128,30 @@ def test_forced_hash_collisions_never_serve_another_prompts_kv(monkeypatch):
     outputs = [on.generate([p], GREEDY)[0] for p in prompts]
     assert [o.outputs[0].token_ids for o in outputs] == want
     assert outputs[2].num_cached_tokens == 16  # x came from the cache; y was recomputed on x
+
+
+def test_requests_sent_together_with_one_system_prompt_compute_it_once():
+    """All at once, as a burst of users with one system prompt: the first computes it, the others wait a step
+    for it to be cached (the scheduler's in-flight rule) rather than computing the same K/V beside it."""
+    on, off = get_llm(), get_llm(enable_prefix_caching=False)
+    on.reset_prefix_cache()
+    base = ids(on, SYSTEM)
+    prompts = [{"prompt_token_ids": base + ids(on, f"Question {word}?")} for word in ("one", "two", "three", "four")]
+    outputs = on.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == run(off, prompts)
+    assert outputs[0].metrics.num_computed_prompt_tokens == len(prompts[0]["prompt_token_ids"])
+    cached = (len(base) // 16) * 16
+    for out, prompt in zip(outputs[1:], prompts[1:]):
+        assert out.num_cached_tokens >= cached
+        assert out.metrics.num_computed_prompt_tokens == len(prompt["prompt_token_ids"]) - out.num_cached_tokens
+
+
+def test_a_short_shared_header_does_not_hold_requests_back():
+    """Only a block or two in common (less than half of what each computes): everyone is admitted at once."""
+    llm = get_llm()
+    llm.reset_prefix_cache()
+    header = ids(llm, SYSTEM)[:16]
+    prompts = [{"prompt_token_ids": header + ids(llm, f"A long and different question number {i} " * 6)}
+               for i in range(3)]
+    outputs = llm.generate(prompts, GREEDY)
+    assert all(o.num_cached_tokens == 0 for o in outputs)
