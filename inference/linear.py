@@ -86,9 +86,13 @@ class PackedFloatWeight(LinearWeight):
 
     @staticmethod
     def packs(weight: LinearWeight) -> bool:
-        """Whether `weight` is a float weight that oneDNN can hold packed."""
-        return (isinstance(weight, FloatWeight) and weight.value.device.type == "cpu"
-                and weight.value.dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available())
+        """Whether `weight` is a float weight that oneDNN can hold packed: float32, or bfloat16 where the CPU
+        has bfloat16 instructions (oneDNN refuses to pack it on an AVX2-only CPU)."""
+        if not (isinstance(weight, FloatWeight) and weight.value.device.type == "cpu"
+                and torch.backends.mkldnn.is_available()):
+            return False
+        dtype = weight.value.dtype
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:

@@ -20,12 +20,12 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from inference.bench import experiments, plots, quantization, report, roofline, vs_vllm, workloads
-from inference.bench.engines import hf_continuous, hf_static, llamacpp, ours
+from inference.bench.engines import hf_continuous, hf_static, llamacpp, llamacpp_server, ours
 from inference.bench.engines.base import EngineRun, RunConfig
 from inference.bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
-ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp")
+ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp", "llamacpp_server")
 EXPERIMENTS = ("roofline", "prefix-caching", "parallel", "beam", "long", "quantization", "vs-vllm")
 # The shared-prefix experiment needs staggered arrivals: requests admitted in the same step as the first
 # one cannot hit blocks that are not computed yet, and a playground's users do not arrive all at once.
@@ -147,6 +147,16 @@ def run_engines(chat: workloads.Workload, config: RunConfig, names: list[str], p
             continue
         if name == "hf_continuous" and not hf_continuous.available():
             result["skipped"][name] = "this transformers version has no continuous batching"
+            continue
+        if name == "llamacpp_server":  # one run per slot count; the issue compares against the best
+            if not llamacpp_server.available():
+                result["skipped"][name] = llamacpp_server.unavailable_reason()
+                continue
+            for slots in llamacpp_server.SLOT_COUNTS:
+                with stages.time(f"chat:{name}_np{slots}"):
+                    served = llamacpp_server.run(chat, config, slots, progress=progress)
+                    runs[served.engine] = served
+                    result["engines"][served.engine] = served.figures(config)
             continue
         runner = {"ours": ours.run, "hf_static": hf_static.run, "hf_static_maxlen": hf_static.run_max_length,
                   "hf_continuous": hf_continuous.run, "llamacpp": llamacpp.run}[name]

@@ -4,7 +4,8 @@ For each: resident weight MiB (the engine's own `weight_bytes`), the chat worklo
 (all arriving at once), decode tok/s of one sequence alone and of 64 at once (short prompts), the time of
 one token's weight matmuls alone (the part of a step the format changes), and, against
 float32 on one fixed text fed token by token as a prompt, the share of positions whose argmax agrees and
-the mean KL(float32 || variant) of the next-token distributions. Quantized variants run bfloat16
+the mean KL(float32 || variant) of the next-token distributions. Beside them, llama.cpp's server decoding one
+stream on the very GGUF file (when built). Quantized variants run bfloat16
 activations, the fast path of torch's CPU int4/int8 kernels.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from inference import LLMEngine, SamplingParams
-from inference.bench.engines import ours
+from inference.bench.engines import llamacpp_server, ours
 from inference.bench.engines.base import RunConfig
 from inference.bench.workloads import Workload
 from inference.linear import Linear
@@ -67,8 +68,13 @@ def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VA
             "mean_kl_vs_fp32": (reference.exp() * (reference - log_probs)).sum(-1).mean().item(),
         }
         del engine
-    return {"text_tokens": int(reference.shape[0]), "decode_tokens": decode_tokens, "variants": rows,
-            "chat_requests": len(chat.requests)}
+    out = {"text_tokens": int(reference.shape[0]), "decode_tokens": decode_tokens, "variants": rows,
+           "chat_requests": len(chat.requests)}
+    if llamacpp_server.available():  # the same GGUF file, one stream on one slot
+        out["llamacpp_server_decode_batch1_tok_s"] = llamacpp_server.decode_tok_s(config, decode_tokens)
+    else:
+        out["llamacpp_server_skipped"] = llamacpp_server.unavailable_reason()
+    return out
 
 
 def text_log_probs(engine: LLMEngine) -> torch.Tensor:

@@ -97,7 +97,7 @@ def _at_most(issue: int, what: str, value: float | None, goal: float) -> Target:
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
-    """Every target of issues 2, 4, 8 and 14 that this run's result can speak to."""
+    """Every target of issues 2, 4, 8, 12 and 14 that this run's result can speak to."""
     r = result.get("ratios", {})
     engines = result.get("engines", {})
     tput = {peer: v["output_tokens_per_s"] for peer, v in r.items()}
@@ -108,6 +108,8 @@ def targets(result: dict[str, Any]) -> list[Target]:
     budget = result.get("fixed_budget", {})
     util = engines.get("ours", {}).get("kv_slot_utilization_avg")
     quant = result.get("quantization", {}).get("variants", {})
+    servers = [v for peer, v in tput.items() if peer.startswith("llamacpp_server_np")]
+    llama_single = result.get("quantization", {}).get("llamacpp_server_decode_batch1_tok_s")
 
     def quant_ratio(key: str, num: str, den: str) -> float | None:
         if num not in quant or den not in quant:
@@ -125,6 +127,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
         _at_least(8, "output tok/s, ours / HF continuous batching", tput.get("hf_continuous"), 1.5),
         _at_least(8, "same, per CPU-second", cpu.get("hf_continuous"), 1.5),
         _at_least(8, "output tok/s, ours / llama.cpp", tput.get("llamacpp"), 1),
+        _at_least(12, "output tok/s, ours / llama.cpp server at its best slot count", min(servers, default=None), 3),
         _at_least(2, "time-averaged kv_slot_utilization (ours)", util, 0.96),
         _at_least(8, "sequences held in the fixed budget, paging / max-length pre-allocation",
                   budget.get("paging_vs_max_length_prealloc"), 4),
@@ -138,6 +141,11 @@ def targets(result: dict[str, Any]) -> list[Target]:
         _at_least(14, "int4 decode at batch 1 / our float32", quant_ratio("decode_batch1_tok_s", "int4", "fp32"), 2),
         _at_least(14, "GGUF Q4_1 decode at batch 1 / our float32",
                   quant_ratio("decode_batch1_tok_s", "gguf-q4_1", "fp32"), 2),
+        _at_least(14, "int4 decode at batch 1 / llama.cpp server single stream, same GGUF",
+                  quant["int4"]["decode_batch1_tok_s"] / llama_single if llama_single and "int4" in quant else None, 1),
+        _at_least(14, "GGUF Q4_1 decode at batch 1 / llama.cpp server single stream",
+                  quant["gguf-q4_1"]["decode_batch1_tok_s"] / llama_single if llama_single and "gguf-q4_1" in quant
+                  else None, 1),
         _at_least(14, "int4 decode tok/s at batch 64 / bfloat16", quant_ratio("decode_batch64_tok_s", "int4", "bf16"), 1),
     ]
 
@@ -215,7 +223,11 @@ def quantization_section(quant: dict[str, Any]) -> str:
               "b=1 / fp32", "weight matmuls ms/token (b=1)",
               "decode b=64 tok/s", f"argmax = fp32 ({quant['text_tokens']} tokens)",
               "mean KL vs fp32"]
-    return "### quantization (one engine per weight format, same chat workload)\n" + markdown_table(header, rows)
+    llama = quant.get("llamacpp_server_decode_batch1_tok_s")
+    peer = (f"\nllama.cpp server, same Q4_1 GGUF, one stream: decode b=1 {llama:.1f} tok/s\n" if llama else
+            f"\nllama.cpp server: {quant.get('llamacpp_server_skipped', 'not measured')}\n")
+    return ("### quantization (one engine per weight format, same chat workload)\n" + markdown_table(header, rows)
+            + peer)
 
 
 def roofline_section(roof: dict[str, Any]) -> str:

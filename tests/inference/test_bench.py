@@ -7,6 +7,8 @@ import json
 import math
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from inference.bench import kv, vs_vllm, workloads
-from inference.bench.engines import vllm_cpu
+from inference.bench.engines import llamacpp_server, vllm_cpu
 from inference.bench.engines.base import RunConfig
 from inference.bench.engines.hf_static import static_batch_size
 from inference.bench.stats import RequestTiming, latency_figures, percentile
@@ -173,8 +175,9 @@ def test_quick_run_has_every_figure_for_every_engine(quick_result):
     result, _ = quick_result
     engines, workload = result["engines"], result["workload"]
     assert {"ours", "hf_static", "hf_static_maxlen", "hf_continuous"} <= set(engines)
-    assert set(engines) | set(result["skipped"]) == {"ours", "hf_static", "hf_static_maxlen", "hf_continuous",
-                                                     "llamacpp"}
+    ran = {name.split("_np")[0] for name in engines}  # llama.cpp's server runs once per slot count
+    assert ran | set(result["skipped"]) == {"ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp",
+                                            "llamacpp_server"}
     for name, fig in engines.items():
         missing = [k for k in ENGINE_KEYS if k not in fig]
         assert not missing, f"{name} lacks {missing}"
@@ -314,3 +317,41 @@ def test_vs_vllm_ratios_are_ours_faster_by():
     out = {"ours": {"chat": {"output_tokens_per_s": 300.0}, "decode_128": {"step_s": 0.02}},
            "vllm": {"chat": {"output_tokens_per_s": 200.0}, "decode_128": {"step_s": 0.03}}}
     assert vs_vllm.ratios(out) == pytest.approx({"chat": 1.5, "decode_128": 1.5})
+
+
+class _FakeLlamaServer(BaseHTTPRequestHandler):
+    """llama-server's streamed /completion as the peer adapter reads it: one event per token, then a final
+    event with stop and the count; `short_by` tokens fewer than asked, to check the count is enforced."""
+
+    short_by = 0
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["n_predict"] - self.short_by
+        assert body["ignore_eos"] and body["prompt"] == [5, 6, 7] and body["stream"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(n):
+            self.wfile.write(f"data: {json.dumps({'content': f't{i}', 'stop': False})}\n\n".encode())
+        final = {"content": "", "stop": True, "tokens_predicted": n, "timings": {"predicted_n": n}}
+        self.wfile.write(f"data: {json.dumps(final)}\n\n".encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("short_by", [0, 1])
+def test_llama_server_peer_times_every_streamed_token_and_checks_the_count(short_by):
+    handler = type("Handler", (_FakeLlamaServer,), {"short_by": short_by})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        if short_by:
+            with pytest.raises(RuntimeError, match="streamed 3 tokens"):
+                llamacpp_server.complete(httpd.server_address[1], [5, 6, 7], 4)
+        else:
+            times, timings = llamacpp_server.complete(httpd.server_address[1], [5, 6, 7], 4)
+            assert len(times) == 4 and times == sorted(times) and timings == {"predicted_n": 4}
+    finally:
+        httpd.shutdown()
