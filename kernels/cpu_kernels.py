@@ -5,8 +5,8 @@ Attention reads K/V in place through the block tables with an online softmax in 
 (sequence, KV head, query tile). Float32, bfloat16 and float16 run in C++; other dtypes (float64) take the
 reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a
 row in one (``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``.
-``reshape_and_cache`` and ``copy_blocks`` are the reference's: they are single ``index_copy_``
-passes already, with nothing to gain in C++.
+``reshape_and_cache`` writes each token's K and V rows with one copy each (``csrc/reshape_and_cache_cpu.cpp``);
+``copy_blocks`` is the reference's (one ``index_copy_`` pass per layer, run only on copy-on-write).
 
 The extension is compiled with ``torch.utils.cpp_extension`` on first use (about a minute) into
 ``$PAGED_PLAYGROUND_CACHE/kernels`` (default ``~/.cache/paged-playground/kernels``), one folder per torch
@@ -34,12 +34,24 @@ from kernels import reference, validation
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
            "rotary_embedding_", "rms_norm", "silu_and_mul", "available", "unavailable_reason"]
 
-reshape_and_cache = reference.reshape_and_cache
 copy_blocks = reference.copy_blocks
 
 _SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
-                                                                     "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp")]
+                                                                     "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp",
+                                                                     "reshape_and_cache_cpu.cpp")]
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor) -> None:
+    """See ``kernels.reference.reshape_and_cache`` (one row copy per token and cache: ``csrc/reshape_and_cache_cpu.cpp``)."""
+    validation.check_cache_pair(key_cache, value_cache)
+    validation.check_new_kv(key, value, key_cache, slot_mapping)
+    rows_contiguous = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (key, value))
+    if (key.device.type != "cpu" or not rows_contiguous or not key_cache.is_contiguous()
+            or not value_cache.is_contiguous() or not key.dtype == value.dtype == key_cache.dtype == value_cache.dtype):
+        return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    extension().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.to(torch.int64))
 
 
 def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:

@@ -27,7 +27,7 @@ def decode_config(config: RunConfig, batch: int, contexts: tuple[int, ...]) -> R
     raised to the next multiple vLLM's CPU attention takes (both engines get it, so pages stay alike)."""
     block = -(-config.block_size // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
     config = replace(config, block_size=block)
-    need = batch * (max(contexts) + DECODE_STEPS + 8)
+    need = batch * (max(contexts) + DECODE_STEPS + 8 + config.block_size)  # + what early ones decode in prefill
     need = -(-need // config.block_size) * config.block_size
     return replace(config, kv_budget_tokens=max(config.kv_budget_tokens, need))
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from kernels import cpu_kernels, reference
 
-BACKENDS = ["triton", "torch"]
+BACKENDS = ["triton", "torch", "cpu"]
 
 
 @pytest.fixture(params=BACKENDS)
-def ops(request, triton_ops):
-    return triton_ops if request.param == "triton" else reference
+def ops(request, device):
+    if request.param == "triton":
+        return request.getfixturevalue("triton_ops")
+    if request.param == "cpu":
+        if device.type != "cpu" or not cpu_kernels.available():
+            pytest.skip("the C++ CPU kernels run on the CPU, when built")
+        return cpu_kernels
+    return reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -46,6 +52,18 @@ def test_reshape_and_cache_rejects_mismatched_shapes(ops, device):
     with pytest.raises(ValueError, match="key/value"):
         ops.reshape_and_cache(key[:, :1], key[:, :1], cache, cache.clone(),
                               torch.zeros(3, dtype=torch.int64, device=device))
+
+
+def test_reshape_and_cache_refuses_a_slot_outside_the_cache_and_writes_nothing(ops, device):
+    if ops not in (reference, cpu_kernels):
+        pytest.skip("the Triton kernel trusts the engine's slot mapping (it checks no bounds)")
+    cache = torch.zeros(4, 8, 2, 64, device=device)
+    key = torch.ones(3, 2, 64, device=device)
+    values = cache.clone()
+    with pytest.raises((IndexError, RuntimeError)):
+        ops.reshape_and_cache(key, key, cache, values, torch.tensor([0, 32, 1], dtype=torch.int64, device=device))
+    if ops is cpu_kernels:  # index_copy_ may have written the rows before the bad one; C++ checks first
+        assert not cache.any() and not values.any()
 
 
 def test_copy_blocks_copies_every_layer_and_nothing_else(ops, device):

@@ -55,24 +55,34 @@ def serve(engine, requests: list[dict]) -> dict:
     return {"token_times": times, "cpu_s": time.process_time() - cpu_start}
 
 
-def decode_step(engine, prompts: list[list[int]], steps: int) -> dict:
-    """Prefill every prompt (until each has its first token), two warm-up steps, then time `steps` steps."""
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"step-{i}", {"prompt_token_ids": prompt}, params(steps + 4))
+def decode_step(engine, prompts: list[list[int]], steps: int, max_num_batched_tokens: int) -> dict:
+    """Prefill every prompt (until each has its first token), two warm-up steps, then time `steps` steps.
+
+    Sequences prefilled first decode while the rest prefill, so max_tokens covers the prefill's steps too; the
+    fewest sequences a timed step returned is reported beside the time (it must be the batch), and the requests
+    are aborted afterwards.
+    """
+    batch = len(prompts)
+    prefill_steps = -(-sum(map(len, prompts)) // max_num_batched_tokens) + batch
+    ids = [f"step-{i}" for i in range(batch)]
+    for request_id, prompt in zip(ids, prompts):
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, params(prefill_steps + steps + 4))
     started: set[str] = set()
-    while len(started) < len(prompts):
+    while len(started) < batch:
         started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
     for _ in range(2):
         engine.step()
-    walls, cpus = [], []
+    walls, cpus, ran = [], [], []
     for _ in range(steps):
         wall, cpu = time.perf_counter(), time.process_time()
-        engine.step()
+        ran.append(len(engine.step()))
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
+    engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return {"step_s": sorted(walls)[len(walls) // 2], "step_cpu_s": sorted(cpus)[len(cpus) // 2]}
+    return {"step_s": sorted(walls)[len(walls) // 2], "step_cpu_s": sorted(cpus)[len(cpus) // 2],
+            "batch_min": min(ran)}
 
 
 def main(job_path: str, out_path: str) -> None:
@@ -90,7 +100,7 @@ def main(job_path: str, out_path: str) -> None:
         if task["kind"] == "workload":
             result[task["name"]] = serve(engine, task["requests"])
         else:
-            result[task["name"]] = decode_step(engine, task["prompts"], task["steps"])
+            result[task["name"]] = decode_step(engine, task["prompts"], task["steps"], job["max_num_batched_tokens"])
     with open(out_path, "w") as f:
         json.dump(result, f)
 
