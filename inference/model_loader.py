@@ -59,10 +59,12 @@ def resolve_model(model: str) -> Path:
 
 
 def find_gguf(model: str, folder: Path) -> Path | None:
-    """The GGUF file holding `model`'s quantized weights, if any: a built-in model's bundled file, or the one
-    `.gguf` file in a local folder (a folder with several is ambiguous and an error)."""
-    if model in BUILTIN_MODELS:
-        return _gguf_location(*BUILTIN_MODELS[model])
+    """The GGUF file holding `model`'s quantized weights, if any: a built-in model's bundled file (named, or
+    given as the folder it was converted into), or the one `.gguf` file in a local folder (a folder with
+    several is ambiguous and an error)."""
+    for name, location in BUILTIN_MODELS.items():
+        if model == name or folder.resolve() == (cache_dir() / name).resolve():
+            return _gguf_location(*location)
     found = sorted(folder.glob("*.gguf"))
     if len(found) > 1:
         raise ModelNotFoundError(f"{folder} holds several GGUF files ({', '.join(f.name for f in found)}); "

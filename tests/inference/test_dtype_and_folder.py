@@ -6,7 +6,7 @@ import json
 import torch
 
 from inference.config import EngineArgs
-from inference.model_loader import DEFAULT_MODEL, _name_architecture, resolve_model
+from inference.model_loader import DEFAULT_MODEL, _name_architecture, find_gguf, resolve_model
 
 
 def test_auto_dtype_is_float32_on_cpu_and_explicit_dtypes_win():
@@ -23,3 +23,11 @@ def test_converted_folder_names_its_architecture(tmp_path):
     _name_architecture(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text()) == {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "x": 1}
+
+
+def test_the_converted_folder_of_the_builtin_model_finds_its_bundled_gguf():
+    """`LLM(model=<that folder>, quantization="gguf")` runs the file the folder was converted from."""
+    folder = resolve_model(DEFAULT_MODEL)
+    bundled = find_gguf(DEFAULT_MODEL, folder)
+    assert bundled is not None and bundled.suffix == ".gguf" and bundled.is_file()
+    assert find_gguf(str(folder), folder) == bundled
