@@ -140,7 +140,7 @@ def run(workload: Workload, config: RunConfig, slots: int, progress: bool = Fals
         timings.append(RequestTiming(f"{request.request_id}#0", arrival, request.num_prompt_tokens, times))
         spans.append(SequenceSpan(arrival, request.num_prompt_tokens, times))
     counters = {"num_preemptions": None, "prefix_cache_hit_rate": None, "prompt_tokens_computed": None,
-                "max_concurrent_requests": slots}
+                "max_concurrent_requests": min(slots, len(workload.requests))}
     notes = [f"llama-server -np {slots} -kvu -c {config.kv_budget_tokens}: one unified KV pool of that many "
              "token slots, shown as a fixed pool; its CPU seconds are the server process's"]
     return EngineRun(f"{NAME}_np{slots}", start, timings, fixed_pool_timeline(spans, config.kv_budget_tokens),
