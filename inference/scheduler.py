@@ -94,7 +94,7 @@ class Scheduler:
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
 
-        in_flight = self._prefill_blocks_in_flight()
+        in_flight = self._prefill_blocks_in_flight() if self.waiting else set()
         for seq in list(self.waiting):
             if budget == 0 or out.preempted:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,14 @@ from typing import Any
 from inference.bench.kv import KVGeometry, KVTimeline
 from inference.bench.stats import RequestTiming, latency_figures
 from inference.bench.workloads import BenchRequest
+
+def peers_dir() -> Path:
+    """Where the bench peers are installed (setup_vllm.sh, setup_llamacpp.sh): $PAGED_PLAYGROUND_PEERS, else
+    $PAGED_PLAYGROUND_CACHE/peers, else ~/.cache/paged-playground/peers."""
+    root = os.environ.get("PAGED_PLAYGROUND_PEERS") or Path(
+        os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground") / "peers"
+    return Path(root)
+
 
 # Counters every engine reports; None (with a note) where an engine cannot expose one.
 COUNTER_KEYS = ("num_preemptions", "prefix_cache_hit_rate", "prompt_tokens_computed", "max_concurrent_requests")

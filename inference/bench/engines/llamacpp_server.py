@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from inference.bench.engines.base import EngineRun, RunConfig
+from inference.bench.engines.base import EngineRun, RunConfig, peers_dir
 from inference.bench.engines.llamacpp import gguf_path
 from inference.bench.kv import SequenceSpan, fixed_pool_timeline
 from inference.bench.stats import RequestTiming
@@ -35,9 +35,7 @@ START_TIMEOUT_S = 120
 
 
 def binary() -> Path:
-    root = os.environ.get("PAGED_PLAYGROUND_PEERS") or Path(
-        os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground") / "peers"
-    return Path(root) / "llama.cpp-build" / "bin" / "llama-server"
+    return peers_dir() / "llama.cpp-build" / "bin" / "llama-server"
 
 
 def available() -> bool:

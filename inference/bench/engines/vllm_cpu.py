@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from inference.bench.engines.base import EngineRun, RunConfig
+from inference.bench.engines.base import EngineRun, RunConfig, peers_dir
 from inference.bench.kv import SequenceSpan, fixed_pool_timeline
 from inference.bench.stats import RequestTiming
 from inference.bench.workloads import Workload
@@ -32,9 +32,7 @@ SETUP = PEERS / "setup_vllm.sh"
 
 
 def venv() -> Path:
-    root = os.environ.get("PAGED_PLAYGROUND_PEERS") or Path(
-        os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground") / "peers"
-    return Path(root) / "vllm-venv"
+    return peers_dir() / "vllm-venv"
 
 
 def available() -> bool:
