@@ -233,6 +233,15 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   for (int64_t start = 0; start < visible; start += block_size) {
     const int64_t n = std::min(block_size, visible - start);
     const int64_t base = static_cast<int64_t>(table[start / block_size]) * c_s0 + it.kv_head * c_s2;
+    if (start + block_size < visible) {  // the next block's address is random: fetch its rows ahead
+      const int64_t next = static_cast<int64_t>(table[start / block_size + 1]) * c_s0 + it.kv_head * c_s2;
+      const int64_t rows_next = std::min(block_size, visible - start - block_size);
+      for (int64_t t = 0; t < rows_next; ++t)
+        for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(k + next + t * c_s1) + byte);
+          __builtin_prefetch(reinterpret_cast<const char*>(v + next + t * c_s1) + byte);
+        }
+    }
     // float32 blocks are read where they lie; other dtypes are converted once into the scratch block.
     const float* kb = kf;
     const float* vb = vf;

@@ -29,7 +29,20 @@ void rotate(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin)
       const T* st = s + t * half;
       for (int64_t h = 0; h < heads; ++h) {
         T* row = data + t * s0 + h * s1;
-        for (int64_t d = 0; d < half; ++d) {
+        int64_t d = 0;
+#if FVEC_WIDTH
+        if constexpr (has_fvec_io<T>) {  // the same roundings a register at a time (vround), so still bit-equal
+          for (; d + FVEC_WIDTH <= half; d += FVEC_WIDTH) {
+            const fvec a = vload_as(row + d), b = vload_as(row + d + half);
+            const fvec cd = vload_as(ct + d), sd = vload_as(st + d);
+            const fvec a_cos = vround<T>(vmul(a, cd)), b_sin = vround<T>(vmul(b, sd));
+            const fvec b_cos = vround<T>(vmul(b, cd)), a_sin = vround<T>(vmul(a, sd));
+            vstore_as(row + d, vsub(a_cos, b_sin));
+            vstore_as(row + d + half, vadd(b_cos, a_sin));
+          }
+        }
+#endif
+        for (; d < half; ++d) {
           const float a = static_cast<float>(row[d]), b = static_cast<float>(row[d + half]);
           const float cd = static_cast<float>(ct[d]), sd = static_cast<float>(st[d]);
           const float a_cos = round_to<T>(a * cd), b_sin = round_to<T>(b * sd);

@@ -36,17 +36,9 @@ void activate(torch::Tensor out, const torch::Tensor& x) {
       T* o = dst + t * inter;
       int64_t i = 0;
 #if FVEC_WIDTH
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (has_fvec_io<T>) {  // silu rounded to T, then the product rounded (vstore_as), as the reference
         for (; i + FVEC_WIDTH <= inter; i += FVEC_WIDTH)
-          vstore(o + i, vmul(vsilu(vload(gate + i)), vload(up + i)));
-      } else {
-        alignas(64) float g[FVEC_WIDTH], s[FVEC_WIDTH];
-        for (; i + FVEC_WIDTH <= inter; i += FVEC_WIDTH) {
-          for (int k = 0; k < FVEC_WIDTH; ++k) g[k] = static_cast<float>(gate[i + k]);
-          vstore(s, vsilu(vload(g)));
-          for (int k = 0; k < FVEC_WIDTH; ++k)
-            o[i + k] = static_cast<T>(round_to<T>(s[k]) * static_cast<float>(up[i + k]));
-        }
+          vstore_as(o + i, vmul(vround<T>(vsilu(vload_as(gate + i))), vload_as(up + i)));
       }
 #endif
       for (; i < inter; ++i)
