@@ -26,6 +26,7 @@
 namespace {
 
 constexpr int64_t TILE_Q = 16;
+constexpr int64_t PREFETCH_BLOCKS = 2;  // how far ahead a block's rows are fetched (1: 10-20% slower at 1,024 tokens)
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) {
@@ -233,15 +234,17 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   for (int64_t start = 0; start < visible; start += block_size) {
     const int64_t n = std::min(block_size, visible - start);
     const int64_t base = static_cast<int64_t>(table[start / block_size]) * c_s0 + it.kv_head * c_s2;
-    if (start + block_size < visible) {  // the next block's address is random: fetch its rows ahead
-      const int64_t next = static_cast<int64_t>(table[start / block_size + 1]) * c_s0 + it.kv_head * c_s2;
-      const int64_t rows_next = std::min(block_size, visible - start - block_size);
-      for (int64_t t = 0; t < rows_next; ++t)
-        for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
-          __builtin_prefetch(reinterpret_cast<const char*>(k + next + t * c_s1) + byte);
-          __builtin_prefetch(reinterpret_cast<const char*>(v + next + t * c_s1) + byte);
-        }
-    }
+    // Blocks lie at random addresses, so the hardware cannot fetch ahead across them: fetch the rows of the
+    // block PREFETCH_BLOCKS ahead, one row per row converted here, so the requests are spread over the work.
+    const int64_t ahead_start = start + PREFETCH_BLOCKS * block_size;
+    const int64_t ahead_rows = std::max<int64_t>(0, std::min(block_size, visible - ahead_start));
+    const int64_t ahead = ahead_rows ? static_cast<int64_t>(table[ahead_start / block_size]) * c_s0 + it.kv_head * c_s2 : 0;
+    auto prefetch_row = [&](int64_t t) {
+      for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(k + ahead + t * c_s1) + byte, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(v + ahead + t * c_s1) + byte, 0, 2);
+      }
+    };
     // float32 blocks are read where they lie; other dtypes are converted once into the scratch block.
     const float* kb = kf;
     const float* vb = vf;
@@ -250,11 +253,14 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
       kb = k + base;
       vb = v + base;
       row_stride = c_s1;
+      for (int64_t t = 0; t < ahead_rows; ++t) prefetch_row(t);
     } else {
       for (int64_t t = 0; t < n; ++t) {
         load_row(k + base + t * c_s1, kf + t * head_dim, head_dim, 1.f);
         load_row(v + base + t * c_s1, vf + t * head_dim, head_dim, 1.f);
+        if (t < ahead_rows) prefetch_row(t);
       }
+      for (int64_t t = n; t < ahead_rows; ++t) prefetch_row(t);
     }
     // Scores and the online-softmax update row by row; then the values, all rows together. A row's
     // probabilities past what it may see (causal) are 0, and a row that sees none of the block keeps its
