@@ -145,8 +145,8 @@ def _prefill_by_sdpa(out: Tensor, query: Tensor, key_cache: Tensor, value_cache:
     offset (a prefix-cache hit or an earlier chunk puts `context - (end - start)` tokens before it)."""
     block_size = key_cache.shape[1]
     blocks = table[: -(-context // block_size)].long()
-    keys = key_cache[blocks].flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)
-    values = value_cache[blocks].flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)
+    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)  # 5x `[blocks]`
+    values = value_cache.index_select(0, blocks).flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)
     q = query[start:end].transpose(0, 1).unsqueeze(0)
     q_len = end - start
     mask = None
