@@ -114,6 +114,11 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     out = validation.output_for(query, out)
     starts_list, contexts = starts.tolist(), context_lens.tolist()
     long = [s for s in range(num_seqs) if starts_list[s + 1] - starts_list[s] >= SDPA_MIN_QUERY]
+    width, block_size = block_tables.shape[1], key_cache.shape[1]
+    for s in long:
+        if -(-contexts[s] // block_size) > width:  # what the C++ planner refuses for the others
+            raise ValueError(f"block_tables has {width} columns but a context of {contexts[s]} tokens needs "
+                             f"{-(-contexts[s] // block_size)} blocks")
     for s in long:
         _prefill_by_sdpa(out, query, key_cache, value_cache, block_tables[s], starts_list[s], starts_list[s + 1],
                          contexts[s], scale)
@@ -123,7 +128,8 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
         _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
         return out
     # The short ones (decode rows of a mixed step, short suffixes after a prefix hit) as one sub-batch.
-    short = [s for s in range(num_seqs) if s not in set(long)]
+    taken = set(long)
+    short = [s for s in range(num_seqs) if s not in taken]
     rows = torch.cat([torch.arange(starts_list[s], starts_list[s + 1]) for s in short])
     lens = torch.tensor([starts_list[s + 1] - starts_list[s] for s in short], dtype=torch.int32)
     sub_starts = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
@@ -133,8 +139,8 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     return out
 
 
-# A sequence with at least this many new tokens attends through torch's CPU flash attention (blocked matmuls,
-# AMX on CPUs that have it), 2-3x faster than the row-by-row kernel for a prompt; shorter ones use the kernel.
+# A sequence with at least this many new tokens attends through torch's CPU flash attention (blocked matmuls),
+# 2-3x faster than the row-by-row kernel for a prompt (BENCHMARKS.md, issue 12); shorter ones use the kernel.
 SDPA_MIN_QUERY = 32
 
 
