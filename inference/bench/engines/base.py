@@ -11,13 +11,13 @@ from typing import Any
 from inference.bench.kv import KVGeometry, KVTimeline
 from inference.bench.stats import RequestTiming, latency_figures
 from inference.bench.workloads import BenchRequest
+from inference.model_loader import cache_dir
+
 
 def peers_dir() -> Path:
     """Where the bench peers are installed (setup_vllm.sh, setup_llamacpp.sh): $PAGED_PLAYGROUND_PEERS, else
-    $PAGED_PLAYGROUND_CACHE/peers, else ~/.cache/paged-playground/peers."""
-    root = os.environ.get("PAGED_PLAYGROUND_PEERS") or Path(
-        os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground") / "peers"
-    return Path(root)
+    `peers` in the converted models' cache folder."""
+    return Path(os.environ.get("PAGED_PLAYGROUND_PEERS") or cache_dir() / "peers")
 
 
 # Counters every engine reports; None (with a note) where an engine cannot expose one.
