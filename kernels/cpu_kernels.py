@@ -2,9 +2,9 @@
 
 Attention reads K/V in place through the block tables with an online softmax in float32
 (``kernels/csrc/paged_attention_cpu.cpp``): one routine for decode and prefill, threads over
-(sequence, KV head, query tile); a prefill sequence of ``SDPA_MIN_QUERY`` or more new tokens goes through torch's
-CPU flash attention instead, on a contiguous copy of its blocks. Float32, bfloat16 and float16 run in C++; other dtypes (float64) take the
-reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a
+(sequence, KV head, query tile); a prefill sequence of ``SDPA_MIN_QUERY`` or more new tokens goes through
+torch's CPU flash attention instead, on a contiguous copy of its blocks. Float32, bfloat16 and float16 run in C++;
+other dtypes (float64) take the reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a
 row in one (``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``.
 ``reshape_and_cache`` writes each token's K and V rows with one copy each (``csrc/reshape_and_cache_cpu.cpp``);
 ``copy_blocks`` is the reference's (one ``index_copy_`` pass per layer, run only on copy-on-write).
@@ -115,10 +115,10 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     starts_list, contexts = starts.tolist(), context_lens.tolist()
     long = [s for s in range(num_seqs) if starts_list[s + 1] - starts_list[s] >= SDPA_MIN_QUERY]
     width, block_size = block_tables.shape[1], key_cache.shape[1]
-    for s in long:
-        if -(-contexts[s] // block_size) > width:  # what the C++ planner refuses for the others
+    for s in long:  # refused before anything is written, as the C++ planner refuses the others
+        if (needed := -(-contexts[s] // block_size)) > width:
             raise ValueError(f"block_tables has {width} columns but a context of {contexts[s]} tokens needs "
-                             f"{-(-contexts[s] // block_size)} blocks")
+                             f"{needed} blocks")
     for s in long:
         _prefill_by_sdpa(out, query, key_cache, value_cache, block_tables[s], starts_list[s], starts_list[s + 1],
                          contexts[s], scale)

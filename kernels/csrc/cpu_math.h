@@ -61,17 +61,19 @@ inline fvec vload_bf16(const uint16_t* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
-// Each lane rounded to bfloat16 as c10::BFloat16 rounds (to nearest even; NaN becomes 0x7FC0), as the raw bits
-// in the lane's high half and zeros below, i.e. the float32 value of the rounded bfloat16.
-inline __m512i vround_bf16_bits(fvec x) {
+// Each lane rounded to bfloat16 as c10::BFloat16 rounds (to nearest even; NaN becomes 0x7FC0): the float32 whose
+// high half is the rounded bfloat16 and whose low half is zero.
+inline fvec vround_bf16(fvec x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
                                            _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(
+      _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, _mm512_set1_epi32(0x7FC00000)));
 }
 inline void vstore_bf16(uint16_t* p, fvec x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(vround_bf16_bits(x), 16)));
+  const __m512i high = _mm512_srli_epi32(_mm512_castps_si512(vround_bf16(x)), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
 }
 // r[i] = the sum of v[i]'s 16 lanes, for 16 registers at once: a transpose-and-add tree of 45 instructions,
 // where 16 separate horizontal reductions take about three times as many.
@@ -130,17 +132,17 @@ inline fvec vload_bf16(const uint16_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
-inline __m256i vround_bf16_bits(fvec x) {  // as the AVX-512 one
+inline fvec vround_bf16(fvec x) {  // as the AVX-512 one
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))),
                                            _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
-  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                          _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 inline void vstore_bf16(uint16_t* p, fvec x) {
   // packus works within 128-bit halves: the 64-bit quarters 0 and 2 hold the eight results, in order.
-  const __m256i high = _mm256_srli_epi32(vround_bf16_bits(x), 16);
+  const __m256i high = _mm256_srli_epi32(_mm256_castps_si256(vround_bf16(x)), 16);
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(high, high), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
@@ -170,11 +172,7 @@ inline void vstore_as(T* p, fvec x) {
 template <typename T>
 inline fvec vround(fvec x) {
   if constexpr (std::is_same_v<T, float>) return x;
-#if FVEC_WIDTH == 16
-  else return _mm512_castsi512_ps(vround_bf16_bits(x));
-#else
-  else return _mm256_castsi256_ps(vround_bf16_bits(x));
-#endif
+  else return vround_bf16(x);
 }
 
 // exp2_bounded, a register at a time (y already clamped to [-126, 127]); the same operations in the same order,

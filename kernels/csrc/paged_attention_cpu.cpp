@@ -235,7 +235,8 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
     const int64_t n = std::min(block_size, visible - start);
     const int64_t base = static_cast<int64_t>(table[start / block_size]) * c_s0 + it.kv_head * c_s2;
     // Blocks lie at random addresses, so the hardware cannot fetch ahead across them: fetch the rows of the
-    // block PREFETCH_BLOCKS ahead, one row per row converted here, so the requests are spread over the work.
+    // block PREFETCH_BLOCKS ahead into L2 (converted dtypes: one row per row converted here, spreading the
+    // requests over the work; float32, read in place, asks for them all at the block's start).
     const int64_t ahead_start = start + PREFETCH_BLOCKS * block_size;
     const int64_t ahead_rows = std::max<int64_t>(0, std::min(block_size, visible - ahead_start));
     const int64_t ahead = ahead_rows ? static_cast<int64_t>(table[ahead_start / block_size]) * c_s0 + it.kv_head * c_s2 : 0;
