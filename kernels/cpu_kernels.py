@@ -39,7 +39,8 @@ copy_blocks = reference.copy_blocks
 
 _SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
                                                                      "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp",
-                                                                     "reshape_and_cache_cpu.cpp")]
+                                                                     "reshape_and_cache_cpu.cpp",
+                                                                     "weight_only_cpu.cpp")]
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -89,9 +90,14 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
         return reference.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
                                                 out=out)
     out = validation.output_for(query, out)
-    starts = torch.arange(num_seqs + 1, dtype=torch.int32)
-    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, _decode_starts(num_seqs), scale)
     return out
+
+
+@functools.lru_cache(maxsize=512)
+def _decode_starts(num_seqs: int) -> Tensor:
+    """0, 1, ..., num_seqs: a decode step's query_start_loc, made once per batch size (every layer asks for it)."""
+    return torch.arange(num_seqs + 1, dtype=torch.int32)
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -198,6 +204,8 @@ def isa_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
     if {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags:
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+        if {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"} <= cpu_flags:  # kernels.tiled_weights (the OS
+            flags += ["-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"]  # is asked for AMX at run time)
     return flags
 
 

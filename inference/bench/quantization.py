@@ -3,8 +3,9 @@
 For each: resident weight MiB (the engine's own `weight_bytes`), the chat workload's output tok/s and TTFT
 (all arriving at once), decode tok/s of one sequence alone and of 64 at once (short prompts), the time of
 one token's weight matmuls alone (the part of a step the format changes), and, against
-float32 on one fixed text fed token by token as a prompt, the share of positions whose argmax agrees and
-the mean KL(float32 || variant) of the next-token distributions. Beside them, llama.cpp's server decoding one
+float32 on one fixed text, the share of positions whose argmax agrees and the mean KL(float32 || variant) of
+the next-token distributions: the text fed as one prompt, and again one token a forward pass (the decode path,
+where the tiled int4 / int8 GEMV rounds its inputs to int8). Beside them, llama.cpp's server decoding one
 stream on the very GGUF file (when built). Quantized variants run bfloat16
 activations, the fast path of torch's CPU int4/int8 kernels.
 """
@@ -53,7 +54,7 @@ def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VA
     for name in ["fp32", *(n for n in names if n != "fp32")]:
         quantization, dtype = VARIANTS[name]
         engine = ours.make_engine(dataclasses.replace(config, dtype=dtype), quantization=quantization)
-        log_probs = text_log_probs(engine)
+        log_probs, decode_log_probs = text_log_probs(engine), text_log_probs(engine, chunk=1)
         if reference is None:
             reference = log_probs
         figures = ours.run(chat, config, engine=engine, progress=progress).figures(config)
@@ -66,6 +67,8 @@ def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VA
             "weight_matmul_ms_batch1": weight_matmul_ms(engine),
             "argmax_agreement_vs_fp32": (log_probs.argmax(-1) == reference.argmax(-1)).float().mean().item(),
             "mean_kl_vs_fp32": (reference.exp() * (reference - log_probs)).sum(-1).mean().item(),
+            "decode_argmax_agreement_vs_fp32": (decode_log_probs.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+            "decode_mean_kl_vs_fp32": (reference.exp() * (reference - decode_log_probs)).sum(-1).mean().item(),
         }
         del engine
     out = {"text_tokens": int(reference.shape[0]), "decode_tokens": decode_tokens, "variants": rows,
@@ -77,25 +80,30 @@ def measure(chat: Workload, config: RunConfig, names: tuple[str, ...] = tuple(VA
     return out
 
 
-def text_log_probs(engine: LLMEngine) -> torch.Tensor:
-    """float32 next-token log-probs at every position of FIXED_TEXT, from one prefill of a fresh engine.
+def text_log_probs(engine: LLMEngine, chunk: int | None = None) -> torch.Tensor:
+    """float32 next-token log-probs at every position of FIXED_TEXT, from a fresh engine: one prefill, or with
+    `chunk`, `chunk` tokens a forward pass (1: the decode path, whose small matmuls may run other kernels, e.g.
+    the tiled int4 GEMV with its int8-rounded inputs).
 
     The engine must be idle with nothing cached: the text's K/V go into blocks 0, 1, ... directly.
     """
-    runner = engine.runner
+    runner, device = engine.runner, engine.runner.device
     ids = engine.tokenizer.encode(FIXED_TEXT, add_special_tokens=False)
     n, bs = len(ids), runner.block_size
-    blocks = list(range(-(-n // bs)))
-    meta = AttentionMetadata(
-        slot_mapping=torch.arange(n, device=runner.device),
-        block_tables=torch.tensor([blocks], dtype=torch.int32, device=runner.device),
-        context_lens=torch.tensor([n], dtype=torch.int32, device=runner.device),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=runner.device),
-        is_decode=False,
-    )
-    ids_t = torch.tensor(ids, device=runner.device)
-    hidden = runner.model(ids_t, torch.arange(n, device=runner.device), runner.kv_caches, meta, runner.ops)
-    return torch.log_softmax(runner.model.compute_logits(hidden)[:-1], dim=-1)
+    table = torch.tensor([list(range(-(-n // bs)))], dtype=torch.int32, device=device)
+    logits = []
+    for start in range(0, n, chunk or n):
+        end = min(n, start + (chunk or n))
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(start, end, device=device), block_tables=table,
+            context_lens=torch.tensor([end], dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor([0, end - start], dtype=torch.int32, device=device),
+            is_decode=end - start == 1,
+        )
+        positions = torch.arange(start, end, device=device)
+        hidden = runner.model(torch.tensor(ids[start:end], device=device), positions, runner.kv_caches, meta, runner.ops)
+        logits.append(runner.model.compute_logits(hidden))
+    return torch.log_softmax(torch.cat(logits)[:-1], dim=-1)
 
 
 @torch.inference_mode()

@@ -218,11 +218,13 @@ def quantization_section(quant: dict[str, Any]) -> str:
              f"{r['chat_output_tok_s']:.1f}", f"{r['ttft_p50_s'] * 1000:.0f}", f"{r['decode_batch1_tok_s']:.1f}",
              fmt(r["decode_batch1_tok_s"] / fp32["decode_batch1_tok_s"], "{:.2f}"),
              f"{r['weight_matmul_ms_batch1']:.1f}", f"{r['decode_batch64_tok_s']:.1f}",
-             f"{r['argmax_agreement_vs_fp32']:.1%}", f"{r['mean_kl_vs_fp32']:.4f}"] for name, r in variants.items()]
+             f"{r['argmax_agreement_vs_fp32']:.1%}", f"{r['mean_kl_vs_fp32']:.4f}",
+             f"{r['decode_argmax_agreement_vs_fp32']:.1%}", f"{r['decode_mean_kl_vs_fp32']:.4f}"]
+            for name, r in variants.items()]
     header = ["weights", "activations", "resident MiB", "of fp32", "chat tok/s", "TTFT p50 ms", "decode b=1 tok/s",
               "b=1 / fp32", "weight matmuls ms/token (b=1)",
               "decode b=64 tok/s", f"argmax = fp32 ({quant['text_tokens']} tokens)",
-              "mean KL vs fp32"]
+              "mean KL vs fp32", "same, token by token: argmax = fp32", "mean KL vs fp32"]
     llama = quant.get("llamacpp_server_decode_batch1_tok_s")
     peer = (f"\nllama.cpp server, same Q4_1 GGUF, one stream: decode b=1 {llama:.1f} tok/s\n" if llama else
             f"\nllama.cpp server: {quant.get('llamacpp_server_skipped', 'not measured')}\n")

@@ -2,16 +2,20 @@
 
 Every int4 source (our own quantizer, GGUF Q4_0/Q4_1 blocks, AWQ and GPTQ packs) is first brought into
 one device-independent form, `Int4Codes`: codes 0..15 with a float32 scale and zero per (row, group), so
-that `w = (code - 8) * scale + zero`. `Int4Weight` then packs those codes for the kernel the device and
-activation dtype will run:
+that `w = (code - 8) * scale + zero`. `Int4Weight` then packs those codes for the kernel (`weight_kernel`) the
+device and activation dtype will run:
 
-- CPU, bfloat16 activations: torch's `_weight_int4pack_mm_for_cpu` (its fast path; codes in torch's packing).
-- CPU, other dtypes: `kernels.int4_reference` (de-quantise one layer, one dense matmul: the oracle path).
-- CUDA: the Triton dequant-GEMM `kernels.int4_triton`.
+- "tiled": CPU with AMX, bfloat16 activations: our own kernels (`kernels.tiled_weights`), a GEMV reading the
+  codes at memory speed for a few tokens and de-quantized tiles through AMX for many (torch's int4 kernel has
+  no AMX path and is 4x slower than bfloat16 at 64 tokens: BENCHMARKS.md, issue 14).
+- "torch": CPU without AMX, bfloat16 activations: torch's `_weight_int4pack_mm_for_cpu` (codes in its packing).
+- "reference": CPU, other dtypes: `kernels.int4_reference` (de-quantise one layer, one dense matmul: the oracle
+  path).
+- "triton": CUDA: the Triton dequant-GEMM `kernels.int4_triton`.
 
-int8 is symmetric per output row (`w = code * scale`), run on CPU by torch's `_weight_int8pack_mm` for 16-bit
-activations and by a de-quantise-then-matmul for float32 (whose `_weight_int8pack_mm` path is far slower).
-No path ever keeps a float copy of a weight resident.
+int8 is symmetric per output row (`w = code * scale`), run on CPU by the tiled kernels or torch's
+`_weight_int8pack_mm` for 16-bit activations, and by a de-quantise-then-matmul for float32 (whose
+`_weight_int8pack_mm` path is far slower). No path ever keeps a float copy of a weight resident.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.linear import LinearWeight
-from kernels import int4_reference
+from kernels import int4_reference, tiled_weights
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
 
@@ -88,25 +92,40 @@ def check_group_size(in_features: int, group_size: int) -> None:
         raise ValueError(f"group size {group_size} does not divide the layer's {in_features} inputs")
 
 
+def weight_kernel(device: torch.device, dtype: torch.dtype, out_features: int, in_features: int) -> str:
+    """Which kernel a quantized weight of this shape runs on: "tiled", "torch", "reference" or "triton"."""
+    if device.type == "cuda":
+        return "triton"
+    if dtype != torch.bfloat16:
+        return "reference"
+    if tiled_weights.available() and tiled_weights.fits(out_features, in_features):
+        return "tiled"
+    return "torch"
+
+
 class Int4Weight(LinearWeight):
-    """Group-wise int4 codes packed for this device's kernel, with `[K // G, N, 2]` scales and zeros."""
+    """Group-wise int4 codes packed for this device's kernel (`weight_kernel`), with their scales: tiled
+    `scales_offsets` for "tiled", `[K // G, N, 2]` scales and zeros for the others."""
 
     def __init__(self, codes: Int4Codes, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.codes.shape
         self.group_size = codes.group_size
-        self.torch_cpu_kernel = device.type == "cpu" and dtype == torch.bfloat16
-        if self.torch_cpu_kernel and self.out_features % 16:
+        self.kernel = weight_kernel(device, dtype, self.out_features, self.in_features)
+        if self.kernel == "torch" and self.out_features % 16:
             raise ValueError(f"torch's CPU int4 kernel needs a multiple of 16 output rows, got {self.out_features}")
-        if device.type == "cuda":
+        if self.kernel == "triton":
             from kernels import int4_triton  # noqa: F401  (fails here, at load, when Triton is missing)
-        if self.torch_cpu_kernel:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 2)
+        if self.kernel == "tiled":
+            packed, scales = tiled_weights.pack_int4(codes.codes, codes.scales, codes.zeros)
         else:
-            packed = int4_reference.pack_codes(codes.codes)
+            if self.kernel == "torch":
+                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 2)
+            else:
+                packed = int4_reference.pack_codes(codes.codes)
+            scales = torch.stack([codes.scales.t(), codes.zeros.t()], dim=-1).to(dtype).contiguous()
         self.register_buffer("packed", packed.to(device))
-        scales_zeros = torch.stack([codes.scales.t(), codes.zeros.t()], dim=-1)
-        self.register_buffer("scales_zeros", scales_zeros.to(device, dtype).contiguous())
+        self.register_buffer("scales", scales.to(device, dtype))
         perm = codes.input_perm
         self.register_buffer("input_perm", None if perm is None else perm.to(device))
 
@@ -115,24 +134,27 @@ class Int4Weight(LinearWeight):
             x = x[..., self.input_perm]
         shape = x.shape
         x = x.reshape(-1, self.in_features)
-        if self.torch_cpu_kernel:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
-        elif x.is_cuda:
+        if self.kernel == "tiled":
+            y = tiled_weights.int4_matmul(x, self.packed, self.scales, self.group_size)
+        elif self.kernel == "torch":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales)
+        elif self.kernel == "triton":
             from kernels import int4_triton
 
-            y = int4_triton.int4_matmul(x, self.packed, self.scales_zeros, self.group_size)
+            y = int4_triton.int4_matmul(x, self.packed, self.scales, self.group_size)
         else:
-            y = int4_reference.int4_matmul(x, self.packed, self.scales_zeros, self.group_size)
+            y = int4_reference.int4_matmul(x, self.packed, self.scales, self.group_size)
         return y.view(*shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        if self.torch_cpu_kernel:
+        if self.kernel == "tiled":
+            w = tiled_weights.int4_values(self.packed, self.scales, self.group_size)
+        elif self.kernel == "torch":
             # torch's packing is private to its kernel: read the weight back by multiplying the identity.
             eye = torch.eye(self.in_features, device=self.packed.device)
-            w = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                eye, self.packed, self.group_size, self.scales_zeros.float()).t()
+            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, self.scales.float()).t()
         else:
-            w = int4_reference.dequantize_int4(self.packed, self.scales_zeros, self.group_size, torch.float32)
+            w = int4_reference.dequantize_int4(self.packed, self.scales, self.group_size, torch.float32)
         if self.input_perm is None:
             return w
         out = torch.empty_like(w)
@@ -141,12 +163,18 @@ class Int4Weight(LinearWeight):
 
 
 class Int8Weight(LinearWeight):
-    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`."""
+    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`; for "tiled", the codes tiled and their
+    tile sums beside them."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", codes.to(device, torch.int8))
+        self.kernel = weight_kernel(device, dtype, self.out_features, self.in_features)
+        codes, sums = codes.to(torch.int8), None
+        if self.kernel == "tiled":
+            codes, sums = tiled_weights.pack_int8(codes)
+        self.register_buffer("codes", codes.to(device))
+        self.register_buffer("code_sums", None if sums is None else sums.to(device))
         self.register_buffer("scales", scales.to(device, dtype))
 
     @classmethod
@@ -158,15 +186,22 @@ class Int8Weight(LinearWeight):
         return cls(codes, scales, device, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if self.kernel == "tiled":
+            y = tiled_weights.int8_matmul(x.reshape(-1, self.in_features), self.codes, self.code_sums, self.scales)
+            return y.view(*shape[:-1], self.out_features)
         if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
-            shape = x.shape
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
             return y.view(*shape[:-1], self.out_features)
         # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
         return F.linear(x, self.codes.to(x.dtype)) * self.scales
 
+    def _codes(self) -> torch.Tensor:
+        return tiled_weights.unpack_int8(self.codes) if self.kernel == "tiled" else self.codes
+
     def dequantize(self) -> torch.Tensor:
-        return self.codes.float() * self.scales.float().unsqueeze(-1)
+        return self._codes().float() * self.scales.float().unsqueeze(-1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.codes[ids].to(self.scales.dtype) * self.scales[ids].unsqueeze(-1)
+        codes = tiled_weights.int8_rows(self.codes, ids) if self.kernel == "tiled" else self.codes[ids]
+        return codes.to(self.scales.dtype) * self.scales[ids].unsqueeze(-1)

@@ -373,6 +373,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);      
 torch::Tensor silu_and_mul(torch::Tensor x);                                      // silu_and_mul_cpu.cpp
 void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
                        torch::Tensor value_cache, torch::Tensor slot_mapping);      // reshape_and_cache_cpu.cpp
+bool tiled_weights_available();                                                     // weight_only_cpu.cpp
+torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales_offsets,
+                                int64_t group_size);
+torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor code_sums, torch::Tensor scales);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");
@@ -380,4 +384,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (CPU)");
   m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their cache slots (CPU)");
+  m.def("tiled_weights_available", &tiled_weights_available, "whether AMX tiled weight-only matmuls run here");
+  m.def("tiled_int4_matmul", &tiled_int4_matmul, "x @ W.T, W int4 in the tiled layout (CPU, AMX)");
+  m.def("tiled_int8_matmul", &tiled_int8_matmul, "x @ W.T, W int8 in the tiled layout (CPU, AMX)");
 }

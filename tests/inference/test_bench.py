@@ -224,6 +224,9 @@ def test_quick_run_experiments_and_outputs(quick_result):
     assert quant["int4"]["weight_mib"] < 0.3 * quant["fp32"]["weight_mib"]
     assert quant["fp32"]["argmax_agreement_vs_fp32"] == 1 and quant["fp32"]["mean_kl_vs_fp32"] == 0
     assert 0.5 < quant["int4"]["argmax_agreement_vs_fp32"] <= 1 and quant["int4"]["mean_kl_vs_fp32"] > 0
+    # Token by token (the decode path's kernels): float32 agrees with its own prompt pass to rounding.
+    assert quant["fp32"]["decode_argmax_agreement_vs_fp32"] > 0.95 and quant["fp32"]["decode_mean_kl_vs_fp32"] < 1e-3
+    assert 0.5 < quant["int4"]["decode_argmax_agreement_vs_fp32"] <= 1 and quant["int4"]["decode_mean_kl_vs_fp32"] > 0
     assert all(r["chat_output_tok_s"] > 0 and r["decode_batch1_tok_s"] > 0 for r in quant.values())
     cap = result["fixed_budget"]["capacity"]
     assert cap["max_length_prealloc"] <= cap["padded_to_longest"] <= cap["paging"]

@@ -78,13 +78,21 @@ def test_int4_group_64_and_bfloat16_activations_agree_with_float(tmp_path):
     folder = save_folder(tmp_path / "model", model)
     llm = LLM(model=str(folder), quantization="int4", quantization_group_size=64, dtype="bfloat16", **SMALL)
     qkv = llm.llm_engine.runner.model.layers[0].self_attn.qkv_proj.weight
-    assert qkv.group_size == 64 and qkv.torch_cpu_kernel  # torch's int4 kernel, not the reference
+    assert qkv.group_size == 64 and qkv.kernel in ("tiled", "torch")  # a bfloat16 kernel, not the reference
     tok = llm.get_tokenizer()
     ids = tok.encode(PROMPTS[1], add_special_tokens=False)
-    [out] = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
-                         use_tqdm=False)
-    # Same weight values, only the activations' precision differs: the decisive first tokens agree.
-    assert out.outputs[0].token_ids[:2] == hf_greedy(hf_with_engine_weights(llm, model.config), ids, 2)
+    [out] = llm.generate({"prompt_token_ids": ids},
+                         SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=1), use_tqdm=False)
+    # Same weight values, only the activations' precision differs (bfloat16; the tiled GEMV also rounds them to
+    # int8 per 32 inputs). This random model's top next-token log-probs lie within hundredths of a nat of each
+    # other, so the check is on the distribution: our pick is within 0.05 nats of HF's best, and our log-prob
+    # of it is HF's to 0.05.
+    hf = hf_with_engine_weights(llm, model.config)
+    with torch.no_grad():
+        hf_lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0, -1].float(), -1)
+    token = out.outputs[0].token_ids[0]
+    assert hf_lp[token] >= hf_lp.max() - 0.05
+    assert abs(out.outputs[0].logprobs[0][token] - hf_lp[token].item()) < 0.05
 
 
 @pytest.mark.parametrize("requested, match", [

@@ -33,8 +33,9 @@ def test_int8_round_trip_is_within_half_a_step_and_both_kernels_use_those_values
     assert ((q.dequantize() - w).abs() <= step / 2 + 1e-6).all()
     x = torch.randn(5, 128)
     torch.testing.assert_close(q.matmul(x), x @ q.dequantize().T)
-    q16 = Int8Weight.quantize(w, CPU, torch.bfloat16)  # torch's _weight_int8pack_mm
-    torch.testing.assert_close(q16.matmul(x.bfloat16()).float(), x @ q16.dequantize().T, rtol=2e-2, atol=5e-2)
+    q16 = Int8Weight.quantize(w, CPU, torch.bfloat16)  # tiled where the CPU has AMX, else torch's _weight_int8pack_mm
+    want = x @ q16.dequantize().T  # (the tiled GEMV rounds each 32 inputs to int8: up to ~1% of the largest output)
+    torch.testing.assert_close(q16.matmul(x.bfloat16()).float(), want, rtol=2e-2, atol=1e-2 * want.abs().max().item())
     torch.testing.assert_close(q.rows(torch.tensor([3, 0])), q.dequantize()[[3, 0]])
 
 
@@ -44,12 +45,14 @@ def test_int4_round_trip_is_within_half_a_step(group):
     codes = quantize_int4(w, group)
     assert ((codes.dequantize() - w).abs() <= group_step(w, group) / 2 + 1e-5).all()
     fp32, bf16 = Int4Weight(codes, CPU, torch.float32), Int4Weight(codes, CPU, torch.bfloat16)
-    assert not fp32.torch_cpu_kernel and bf16.torch_cpu_kernel
+    assert fp32.kernel == "reference" and bf16.kernel in ("tiled", "torch")  # tiled where the CPU has AMX
     torch.testing.assert_close(fp32.dequantize(), codes.dequantize(), rtol=0, atol=1e-6)
     x = torch.randn(3, 128)
     torch.testing.assert_close(fp32.matmul(x), x @ codes.dequantize().T, rtol=1e-5, atol=1e-5)
-    # bfloat16 scales round the weights a little; the kernel multiplies by what dequantize() reports.
-    torch.testing.assert_close(bf16.matmul(x.bfloat16()).float(), x @ bf16.dequantize().T, rtol=2e-2, atol=5e-2)
+    # bfloat16 scales round the weights a little; the kernel multiplies by what dequantize() reports (the tiled
+    # GEMV also rounds each 32 inputs of x to int8: errors up to ~1% of the largest output).
+    want = x @ bf16.dequantize().T
+    torch.testing.assert_close(bf16.matmul(x.bfloat16()).float(), want, rtol=2e-2, atol=1e-2 * want.abs().max().item())
     # 4 bits of codes + 2 bf16 per group of 32 -> 0.5 + 4/32 bytes per weight.
     assert bf16.nbytes == 64 * 128 // 2 + (128 // group) * 64 * 2 * 2
 
