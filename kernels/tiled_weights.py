@@ -8,9 +8,8 @@ tile by input tile:
   inputs ``32 kt + 8 b + j`` (low nibble) and ``32 kt + 8 b + 4 + j`` (high nibble). ``scales_offsets`` bfloat16
   ``[N/16, K/G, 2, 16]``: per (group, output) the scale ``s`` and the offset ``o = zero - 8 s``, so that
   ``w = code * s + o`` (``kernels.int4_reference``'s values: its ``dequantize_int4`` in bfloat16 is this, rounded).
-- int8 ``codes`` int8 ``[N/16, K/32, 8, 16, 4]``: element (t, kt, j, n, u) is output ``16 t + n`` at input
-  ``32 kt + 4 j + u``; ``code_sums`` int32 ``[N/16, K/32, 16]``, each output's 32 codes of the tile summed; one
-  scale per output row, applied to the sums.
+- int8 ``codes`` uint8 ``[N/16, K/32, 8, 16, 4]``: element (t, kt, j, n, u) is the code of output ``16 t + n`` at
+  input ``32 kt + 4 j + u``, plus 128; one scale per output row, applied to the sums.
 
 Activations are bfloat16 ``[M, K]``; ``N`` a multiple of 32 and ``K`` of 32 (``fits``). For a few tokens the
 kernel is a GEMV over the codes (the inputs rounded to int8 per 32, as llama.cpp does); more tokens
@@ -77,22 +76,25 @@ def int4_values(codes: Tensor, scales_offsets: Tensor, group_size: int) -> Tenso
     return (values.view(n, k // group_size, group_size) * so[0] + so[1]).view(n, k)
 
 
-def pack_int8(codes: Tensor) -> tuple[Tensor, Tensor]:
-    """int8 ``[N, K]`` -> the tiled ``codes`` and their ``code_sums``."""
-    tiles = _int8_tiles(codes.to(torch.int8)).contiguous()
-    return tiles, tiles.sum((2, 4), dtype=torch.int32)
+def pack_int8(codes: Tensor) -> Tensor:
+    """int8 ``[N, K]`` -> the tiled codes (each plus 128, as uint8)."""
+    return _int8_tiles(codes.to(torch.int8).view(torch.uint8) ^ 0x80).contiguous()
+
+
+def _signed(codes: Tensor) -> Tensor:
+    return (codes ^ 0x80).view(torch.int8)
 
 
 def unpack_int8(codes: Tensor) -> Tensor:
-    """Tiled int8 codes -> ``[N, K]``."""
+    """Tiled int8 codes -> ``[N, K]`` int8."""
     t, kt = codes.shape[:2]
-    return codes.permute(0, 3, 1, 2, 4).reshape(t * TILE_N, kt * TILE_K)
+    return _signed(codes.permute(0, 3, 1, 2, 4).reshape(t * TILE_N, kt * TILE_K))
 
 
 def int8_rows(codes: Tensor, ids: Tensor) -> Tensor:
-    """Rows ``ids`` of the ``[N, K]`` int8 weight held tiled (an embedding lookup): ``[len(ids), K]``."""
+    """Rows ``ids`` of the ``[N, K]`` int8 weight held tiled (an embedding lookup): ``[len(ids), K]`` int8."""
     picked = codes[ids // TILE_N, :, :, ids % TILE_N]  # [len, K/32, 8, 4]
-    return picked.reshape(ids.shape[0], -1)
+    return _signed(picked.reshape(ids.shape[0], -1))
 
 
 def int4_matmul(x: Tensor, codes: Tensor, scales_offsets: Tensor, group_size: int) -> Tensor:
@@ -101,10 +103,10 @@ def int4_matmul(x: Tensor, codes: Tensor, scales_offsets: Tensor, group_size: in
     return cpu_kernels.extension().tiled_int4_matmul(x.contiguous(), codes, scales_offsets, group_size)
 
 
-def int8_matmul(x: Tensor, codes: Tensor, code_sums: Tensor, scales: Tensor) -> Tensor:
+def int8_matmul(x: Tensor, codes: Tensor, scales: Tensor) -> Tensor:
     """``x @ (codes * scales[:, None]).T`` for bfloat16 ``x: [M, K]`` and tiled int8 ``codes``."""
     _check(x, codes)
-    return cpu_kernels.extension().tiled_int8_matmul(x.contiguous(), codes, code_sums, scales)
+    return cpu_kernels.extension().tiled_int8_matmul(x.contiguous(), codes, scales)
 
 
 def _check(x: Tensor, codes: Tensor) -> None:

@@ -163,18 +163,14 @@ class Int4Weight(LinearWeight):
 
 
 class Int8Weight(LinearWeight):
-    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`; for "tiled", the codes tiled and their
-    tile sums beside them."""
+    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`; the codes tiled for "tiled"."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
         self.kernel = weight_kernel(device, dtype, self.out_features, self.in_features)
-        codes, sums = codes.to(torch.int8), None
-        if self.kernel == "tiled":
-            codes, sums = tiled_weights.pack_int8(codes)
-        self.register_buffer("codes", codes.to(device))
-        self.register_buffer("code_sums", None if sums is None else sums.to(device))
+        codes = codes.to(torch.int8)
+        self.register_buffer("codes", (tiled_weights.pack_int8(codes) if self.kernel == "tiled" else codes).to(device))
         self.register_buffer("scales", scales.to(device, dtype))
 
     @classmethod
@@ -188,7 +184,7 @@ class Int8Weight(LinearWeight):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         if self.kernel == "tiled":
-            y = tiled_weights.int8_matmul(x.reshape(-1, self.in_features), self.codes, self.code_sums, self.scales)
+            y = tiled_weights.int8_matmul(x.reshape(-1, self.in_features), self.codes, self.scales)
             return y.view(*shape[:-1], self.out_features)
         if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)

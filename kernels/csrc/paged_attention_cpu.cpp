@@ -376,7 +376,7 @@ void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key
 bool tiled_weights_available();                                                     // weight_only_cpu.cpp
 torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales_offsets,
                                 int64_t group_size);
-torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor code_sums, torch::Tensor scales);
+torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");

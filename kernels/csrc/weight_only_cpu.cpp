@@ -9,11 +9,11 @@
 // - a tile is 16 outputs (the lanes) x 32 inputs. int4: four 64-byte blocks; in block b, lane n's dword holds
 //   inputs 8b..8b+3 in its bytes' low nibbles and 8b+4..8b+7 in the high ones, so one AND (one shift + AND) gives
 //   64 unsigned 8-bit codes laid out for `vpdpbusd`. int8: eight 64-byte blocks, lane n's dword j holding inputs
-//   4j..4j+3, with each lane's 32 codes summed beside the tile.
+//   4j..4j+3, each code stored plus 128 (unsigned, for `vpdpbusd` too).
 // - GEMV (a few tokens): the tokens' inputs are rounded to int8, each 32 with its own scale sx = absmax / 127 (as
 //   llama.cpp's Q8 blocks), and multiplied by the codes with `vpdpbusd`, 64 products an instruction. int4, codes
-//   c and group scale s, offset o: sum_k w x = sx * (s * sum_k c q + o * sum_k q). int8: the tokens' codes go in
-//   as unsigned q + 128, so sum_k c q = dot - 128 * sum_k c; then sx, then the row's scale.
+//   c and group scale s, offset o: sum_k w x = sx * (s * sum_k c q + o * sum_k q). int8: sum_k c q is the dot
+//   of c + 128 less 128 * sum_k q; then sx, then the row's scale.
 // - GEMM (more tokens): each thread takes 32 outputs at a time, decodes their whole K into AMX B tiles of bfloat16
 //   weights (int4: w = c * s + o rounded to bfloat16, as the reference de-quantizes; int8: the codes), and runs
 //   them against 32 tokens per inner step; the next 32 outputs are decoded while AMX works.
@@ -67,11 +67,10 @@ struct Int4Tiles {
 };
 
 struct Int8Tiles {
-  const int8_t* codes;  // [N / 16][K / 32][8 dwords][16 lanes][4 bytes], 512 bytes a tile
-  const int32_t* code_sums;  // [N / 16][K / 32][16 lanes]: each lane's 32 codes summed
+  const uint8_t* codes;  // code + 128, [N / 16][K / 32][8 dwords][16 lanes][4 bytes], 512 bytes a tile
   int64_t k_tiles;
 
-  const int8_t* tile(int64_t t, int64_t kt) const { return codes + (t * k_tiles + kt) * 512; }
+  const uint8_t* tile(int64_t t, int64_t kt) const { return codes + (t * k_tiles + kt) * 512; }
 };
 
 // bfloat16(lo) in each lane's low half, bfloat16(hi) in its high half (round to nearest even).
@@ -153,8 +152,8 @@ void gemv_int4(const Int4Tiles& w, const Tokens& x, int64_t t0, int64_t t1, c10:
   }
 }
 
-// int8 GEMV: the same `vpdpbusd`, the tokens' codes made unsigned (q + 128: the sign bit flipped) against the signed
-// weight codes, so sum_k c q = dot - 128 * sum_k c; the block's scale, then the row's.
+// int8 GEMV: the same `vpdpbusd`, the weight codes stored as c + 128, so sum_k c q = dot - 128 * sum_k q; the
+// block's scale, then the row's.
 template <int M>
 void gemv_int8(const Int8Tiles& w, const Tokens& x, const c10::BFloat16* scales, int64_t t0, int64_t t1,
                c10::BFloat16* y, int64_t N) {
@@ -162,20 +161,20 @@ void gemv_int8(const Int8Tiles& w, const Tokens& x, const c10::BFloat16* scales,
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t kt = 0; kt < w.k_tiles; ++kt) {
-      const int8_t* tile = w.tile(t, kt);
+      const uint8_t* tile = w.tile(t, kt);
       __m512i dot[M][2];
       for (int m = 0; m < M; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
         _mm_prefetch(reinterpret_cast<const char*>(tile + 64 * j + PREFETCH_AHEAD), _MM_HINT_T0);
         const __m512i codes = _mm512_loadu_si512(tile + 64 * j);
         for (int m = 0; m < M; ++m)
-          dot[m][j & 1] = _mm512_dpbusd_epi32(dot[m][j & 1], _mm512_set1_epi32(x.q4(m, kt * TILE_K + 4 * j) ^ 0x80808080),
-                                              codes);
+          dot[m][j & 1] = _mm512_dpbusd_epi32(dot[m][j & 1], codes, _mm512_set1_epi32(x.q4(m, kt * TILE_K + 4 * j)));
       }
-      const __m512i bias = _mm512_slli_epi32(_mm512_loadu_si512(w.code_sums + (t * w.k_tiles + kt) * TILE_N), 7);
       for (int m = 0; m < M; ++m) {
-        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(dot[m][0], dot[m][1]), bias);
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(x.scale[m * (x.K / TILE_K) + kt]), acc[m]);
+        const int64_t block = m * (x.K / TILE_K) + kt;
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[m][0], dot[m][1]));
+        acc[m] = _mm512_add_ps(acc[m], _mm512_fmadd_ps(sum, _mm512_set1_ps(x.scale[block]),
+                                                       _mm512_set1_ps(-128.f * x.scale[block] * x.qsum[block])));
       }
     }
     const __m512 s = vload_bf16(reinterpret_cast<const uint16_t*>(scales + t * TILE_N));
@@ -204,8 +203,11 @@ void decode_tile(const Int4Tiles& w, int64_t t, int64_t kt, uint32_t* out) {
 }
 
 void decode_tile(const Int8Tiles& w, int64_t t, int64_t kt, uint32_t* out) {  // dword j: B rows 2j, 2j + 1
-  const auto code = [](__m512i d, int byte) {  // byte `byte` of each lane, sign-extended, as float32
-    return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 24 - 8 * byte), 24));
+  // Byte `byte` of each lane as the float32 2^23 + byte (its bits are 0x4B000000 | byte), less 2^23 + 128: the code.
+  const auto code = [](__m512i d, int byte) {
+    const __m512i bits = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8 * byte), _mm512_set1_epi32(0xFF),
+                                                   _mm512_set1_epi32(0x4B000000), 0xEA);  // (a & b) | c
+    return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(8388736.f));
   };
   for (int j = 0; j < 8; ++j) {
     const __m512i d = _mm512_loadu_si512(w.tile(t, kt) + 64 * j);
@@ -335,10 +337,10 @@ torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Ten
 #endif
 }
 
-torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor code_sums, torch::Tensor scales) {
+torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales) {
 #if TILED_WEIGHTS
   const int64_t K = x.size(1), N = codes.size(0) * TILE_N;
-  const Int8Tiles w{codes.data_ptr<int8_t>(), code_sums.data_ptr<int32_t>(), K / TILE_K};
+  const Int8Tiles w{codes.data_ptr<uint8_t>(), K / TILE_K};
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   return matmul(x, w, N, s, INT8_GEMV_MAX_TOKENS, [&](int64_t M, const Tokens& t, int64_t t0, int64_t t1, c10::BFloat16* y) {
     by_tokens(M, [&](auto m) { gemv_int8<decltype(m)::value>(w, t, s, t0, t1, y, N); });

@@ -33,9 +33,8 @@ def test_int4_layout_stands_for_the_reference_values(group):
 
 def test_int8_layout_round_trips_and_looks_rows_up():
     codes = torch.randint(-127, 128, (96, 64), dtype=torch.int8)
-    tiles, sums = tiled_weights.pack_int8(codes)
+    tiles = tiled_weights.pack_int8(codes)
     assert torch.equal(tiled_weights.unpack_int8(tiles), codes)
-    assert torch.equal(sums.flatten(), codes.view(6, 16, 2, 32).sum(-1, dtype=torch.int32).transpose(1, 2).flatten())
     ids = torch.tensor([0, 17, 95, 17])
     assert torch.equal(tiled_weights.int8_rows(tiles, ids), codes[ids])
 
@@ -62,7 +61,7 @@ def test_int8_matmul_matches_float64(tokens):
     scales = (torch.rand(64) * 0.01 + 0.001).bfloat16()
     x = torch.randn(tokens, 96).bfloat16()
     want = x.double() @ (codes.double() * scales.double()[:, None]).T
-    got = tiled_weights.int8_matmul(x, *tiled_weights.pack_int8(codes), scales).double()
+    got = tiled_weights.int8_matmul(x, tiled_weights.pack_int8(codes), scales).double()
     assert ((got - want).abs().max() / want.abs().max()) < (0.02 if tokens <= 8 else 0.01)  # GEMV: int8 inputs
 
 
