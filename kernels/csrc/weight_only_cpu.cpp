@@ -4,7 +4,7 @@
 // Why: at decode batch sizes a matmul reads each weight once, so int4 codes (a quarter of bfloat16's bytes) should
 // win; torch's CPU int4 kernel does at one token, but it has no AMX path, so at 64 tokens it ran 4x slower than
 // oneDNN's bfloat16 AMX matmul over 4x the bytes (BENCHMARKS.md, issue 14). Vector instructions are dear on these
-// machines (a 512-bit FMA issues about once per 2.5 cycles), so both kernels spend as few as they can per weight:
+// machines (a 512-bit FMA issues about once per 2.8 cycles), so both kernels spend as few as they can per weight:
 //
 // - a tile is 16 outputs (the lanes) x 32 inputs. int4: four 64-byte blocks; in block b, lane n's dword holds
 //   inputs 8b..8b+3 in its bytes' low nibbles and 8b+4..8b+7 in the high ones, so one AND (one shift + AND) gives
@@ -21,8 +21,6 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -45,7 +43,7 @@ constexpr int64_t TILE_N = 16, TILE_K = 32;  // outputs x inputs of one tile
 // token, BENCHMARKS.md; the hardware prefetcher alone falls behind).
 constexpr int64_t PREFETCH_AHEAD = 4096;
 // The most tokens a GEMV takes (its accumulators fill the registers; AMX wins from 9).
-constexpr int64_t INT4_GEMV_MAX_TOKENS = 8, INT8_GEMV_MAX_TOKENS = 8;
+constexpr int64_t GEMV_MAX_TOKENS = 8;
 
 #if TILED_WEIGHTS
 // The process's permission to use AMX tile data (Linux asks for it once; a VM that does not enable AMX says no).
@@ -53,6 +51,10 @@ bool amx_permitted() {
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   return ok;
 }
+
+// A format's GEMV parts: `codes(tile, j)`, the unsigned 8-bit codes of inputs 4j..4j+3 for each lane (what
+// `vpdpbusd` multiplies by the tokens' int8 codes), read from memory with the next lines prefetched; `block(t, kt)`
+// what turning a block's integer dot product into float32 needs, `fold` doing it, `finish` the row's last step.
 
 // int4: where tiles and the per-(tile, group) scale and offset rows (16 bfloat16 each) live.
 struct Int4Tiles {
@@ -64,13 +66,41 @@ struct Int4Tiles {
   const uint16_t* scales(int64_t t, int64_t kt) const {
     return scales_offsets + (t * groups + kt / tiles_per_group) * 32;
   }
+  __m512i codes_of(const uint8_t* tile, int j) const {  // block j / 2's low (even j) or high nibbles
+    const uint8_t* line = tile + 64 * (j / 2);
+    if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(line + PREFETCH_AHEAD), _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512(line);
+    return _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0x0F));
+  }
+  struct Block { __m512 s, o; };
+  Block block(int64_t t, int64_t kt) const { return {vload_bf16(scales(t, kt)), vload_bf16(scales(t, kt) + 16)}; }
+  // sum_k w x = sx * (s * sum_k c q + o * sum_k q)
+  static __m512 fold(const Block& b, __m512 acc, __m512 dot, float sx, float qsum) {
+    acc = _mm512_fmadd_ps(dot, _mm512_mul_ps(b.s, _mm512_set1_ps(sx)), acc);
+    return _mm512_fmadd_ps(b.o, _mm512_set1_ps(sx * qsum), acc);
+  }
+  __m512 finish(int64_t, __m512 acc) const { return acc; }
 };
 
 struct Int8Tiles {
   const uint8_t* codes;  // code + 128, [N / 16][K / 32][8 dwords][16 lanes][4 bytes], 512 bytes a tile
+  const c10::BFloat16* scales;  // one per output row
   int64_t k_tiles;
 
   const uint8_t* tile(int64_t t, int64_t kt) const { return codes + (t * k_tiles + kt) * 512; }
+  __m512i codes_of(const uint8_t* tile, int j) const {
+    _mm_prefetch(reinterpret_cast<const char*>(tile + 64 * j + PREFETCH_AHEAD), _MM_HINT_T0);
+    return _mm512_loadu_si512(tile + 64 * j);
+  }
+  struct Block {};
+  Block block(int64_t, int64_t) const { return {}; }
+  // the codes went in as c + 128: sum_k c q = dot - 128 * sum_k q
+  static __m512 fold(const Block&, __m512 acc, __m512 dot, float sx, float qsum) {
+    return _mm512_add_ps(acc, _mm512_fmadd_ps(dot, _mm512_set1_ps(sx), _mm512_set1_ps(-128.f * sx * qsum)));
+  }
+  __m512 finish(int64_t t, __m512 acc) const {
+    return _mm512_mul_ps(acc, vload_bf16(reinterpret_cast<const uint16_t*>(scales + t * TILE_N)));
+  }
 };
 
 // bfloat16(lo) in each lane's low half, bfloat16(hi) in its high half (round to nearest even).
@@ -117,46 +147,10 @@ struct Tokens {
   }
 };
 
-// int4 GEMV of output tiles [t0, t1): per block of 32 inputs, u8 codes times the tokens' int8 codes with
-// `vpdpbusd` (64 products an instruction; the low nibbles of a 64-byte block are one dword of four codes per
-// lane, the high nibbles the next), then sum_k w x = sx * (s * sum_k c q + o * sum_k q) in float32.
-template <int M>
-void gemv_int4(const Int4Tiles& w, const Tokens& x, int64_t t0, int64_t t1, c10::BFloat16* y, int64_t N) {
-  const __m512i mask = _mm512_set1_epi8(0x0F);
-  for (int64_t t = t0; t < t1; ++t) {
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t kt = 0; kt < w.k_tiles; ++kt) {
-      const uint8_t* tile = w.tile(t, kt);
-      __m512i dot[M][2];
-      for (int m = 0; m < M; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
-      for (int b = 0; b < 4; ++b) {
-        _mm_prefetch(reinterpret_cast<const char*>(tile + 64 * b + PREFETCH_AHEAD), _MM_HINT_T0);
-        const __m512i v = _mm512_loadu_si512(tile + 64 * b);
-        const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-        for (int m = 0; m < M; ++m) {
-          const int64_t k = kt * TILE_K + 8 * b;
-          dot[m][0] = _mm512_dpbusd_epi32(dot[m][0], lo, _mm512_set1_epi32(x.q4(m, k)));
-          dot[m][1] = _mm512_dpbusd_epi32(dot[m][1], hi, _mm512_set1_epi32(x.q4(m, k + 4)));
-        }
-      }
-      const __m512 s = vload_bf16(w.scales(t, kt)), o = vload_bf16(w.scales(t, kt) + 16);
-      for (int m = 0; m < M; ++m) {
-        const int64_t block = m * (x.K / TILE_K) + kt;
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[m][0], dot[m][1]));
-        acc[m] = _mm512_fmadd_ps(sum, _mm512_mul_ps(s, _mm512_set1_ps(x.scale[block])), acc[m]);
-        acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(x.scale[block] * x.qsum[block]), acc[m]);
-      }
-    }
-    for (int m = 0; m < M; ++m) store_bf16(y + m * N + t * TILE_N, acc[m]);
-  }
-}
-
-// int8 GEMV: the same `vpdpbusd`, the weight codes stored as c + 128, so sum_k c q = dot - 128 * sum_k q; the
-// block's scale, then the row's.
-template <int M>
-void gemv_int8(const Int8Tiles& w, const Tokens& x, const c10::BFloat16* scales, int64_t t0, int64_t t1,
-               c10::BFloat16* y, int64_t N) {
+// GEMV of output tiles [t0, t1): per block of 32 inputs, each lane's unsigned codes times the tokens' int8 codes
+// with `vpdpbusd` (64 products an instruction), the block's integer sums turned into float32 by the format's fold.
+template <int M, typename Tiles>
+void gemv(const Tiles& w, const Tokens& x, int64_t t0, int64_t t1, c10::BFloat16* y, int64_t N) {
   for (int64_t t = t0; t < t1; ++t) {
     __m512 acc[M];
     for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
@@ -165,20 +159,18 @@ void gemv_int8(const Int8Tiles& w, const Tokens& x, const c10::BFloat16* scales,
       __m512i dot[M][2];
       for (int m = 0; m < M; ++m) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(tile + 64 * j + PREFETCH_AHEAD), _MM_HINT_T0);
-        const __m512i codes = _mm512_loadu_si512(tile + 64 * j);
+        const __m512i codes = w.codes_of(tile, j);
         for (int m = 0; m < M; ++m)
           dot[m][j & 1] = _mm512_dpbusd_epi32(dot[m][j & 1], codes, _mm512_set1_epi32(x.q4(m, kt * TILE_K + 4 * j)));
       }
+      const auto block = w.block(t, kt);
       for (int m = 0; m < M; ++m) {
-        const int64_t block = m * (x.K / TILE_K) + kt;
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[m][0], dot[m][1]));
-        acc[m] = _mm512_add_ps(acc[m], _mm512_fmadd_ps(sum, _mm512_set1_ps(x.scale[block]),
-                                                       _mm512_set1_ps(-128.f * x.scale[block] * x.qsum[block])));
+        const int64_t b = m * (x.K / TILE_K) + kt;
+        acc[m] = Tiles::fold(block, acc[m], _mm512_cvtepi32_ps(_mm512_add_epi32(dot[m][0], dot[m][1])), x.scale[b],
+                             x.qsum[b]);
       }
     }
-    const __m512 s = vload_bf16(reinterpret_cast<const uint16_t*>(scales + t * TILE_N));
-    for (int m = 0; m < M; ++m) store_bf16(y + m * N + t * TILE_N, _mm512_mul_ps(acc[m], s));
+    for (int m = 0; m < M; ++m) store_bf16(y + m * N + t * TILE_N, w.finish(t, acc[m]));
   }
 }
 
@@ -227,8 +219,7 @@ struct TileConfig {  // AMX palette 1: every tile used here is 16 rows of 64 byt
 // the pair's weights. The next pair's weights are decoded (vector units) while AMX multiplies this pair's first 32
 // tokens. Each block of sums goes through a small float32 buffer to bfloat16 (times the row scales, for int8).
 template <typename Tiles>
-void gemm(const Tiles& w, const c10::BFloat16* x, int64_t M, int64_t m_pad, int64_t K, int64_t N,
-          const c10::BFloat16* scales, c10::BFloat16* y) {
+void gemm(const Tiles& w, const c10::BFloat16* x, int64_t M, int64_t m_pad, int64_t K, int64_t N, c10::BFloat16* y) {
   const int64_t k_tiles = K / TILE_K, pairs = N / (2 * TILE_N), a_stride = K * 2;
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
     const TileConfig config;
@@ -243,9 +234,6 @@ void gemm(const Tiles& w, const c10::BFloat16* x, int64_t M, int64_t m_pad, int6
     alignas(64) float c[32][32];
     for (int64_t p = begin; p < end; ++p) {
       const uint32_t* b = buffers.data() + (p & 1) * k_tiles * 512;
-      __m512 s[2] = {_mm512_set1_ps(1.f), _mm512_set1_ps(1.f)};
-      if (scales != nullptr)
-        for (int h = 0; h < 2; ++h) s[h] = vload_bf16(reinterpret_cast<const uint16_t*>(scales + (2 * p + h) * TILE_N));
       for (int64_t m = 0; m < m_pad; m += 32) {
         const bool two = m + 16 < m_pad, prefetch = m == 0 && p + 1 < end;
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
@@ -270,31 +258,11 @@ void gemm(const Tiles& w, const c10::BFloat16* x, int64_t M, int64_t m_pad, int6
         }
         for (int64_t r = 0; r < 32 && m + r < M; ++r)
           for (int h = 0; h < 2; ++h)
-            store_bf16(y + (m + r) * N + (2 * p + h) * TILE_N, _mm512_mul_ps(_mm512_load_ps(&c[r][16 * h]), s[h]));
+            store_bf16(y + (m + r) * N + (2 * p + h) * TILE_N, w.finish(2 * p + h, _mm512_load_ps(&c[r][16 * h])));
       }
     }
     _tile_release();
   });
-}
-
-// y = x @ W.T: the GEMV `gemv(M, tokens, t0, t1, y)` for a few tokens, else the AMX GEMM.
-template <typename Tiles, typename Gemv>
-torch::Tensor matmul(const torch::Tensor& x, const Tiles& w, int64_t N, const c10::BFloat16* scales,
-                     int64_t gemv_max_tokens, Gemv gemv) {
-  TORCH_CHECK(amx_permitted(), "this CPU or its VM does not enable AMX tile data");
-  const int64_t M = x.size(0), K = x.size(1);
-  auto y = torch::empty({M, N}, x.options());
-  c10::BFloat16* out = y.data_ptr<c10::BFloat16>();
-  if (M <= gemv_max_tokens) {
-    const Tokens tokens(x.data_ptr<c10::BFloat16>(), M, K);
-    at::parallel_for(0, N / TILE_N, 2, [&](int64_t t0, int64_t t1) { gemv(M, tokens, t0, t1, out); });
-  } else {
-    const int64_t m_pad = (M + 15) / 16 * 16;
-    auto padded = torch::zeros({m_pad, K}, x.options());
-    padded.narrow(0, 0, M).copy_(x);
-    gemm(w, padded.data_ptr<c10::BFloat16>(), M, m_pad, K, N, scales, out);
-  }
-  return y;
 }
 
 // fn<M> for M = 1..8, chosen at run time.
@@ -311,6 +279,26 @@ void by_tokens(int64_t M, Fn&& fn) {
     default: return fn(std::integral_constant<int, 8>{});
   }
 }
+// y = x @ W.T: the GEMV for a few tokens, else the AMX GEMM.
+template <typename Tiles>
+torch::Tensor matmul(const torch::Tensor& x, const Tiles& w, int64_t N) {
+  TORCH_CHECK(amx_permitted(), "this CPU or its VM does not enable AMX tile data");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto y = torch::empty({M, N}, x.options());
+  c10::BFloat16* out = y.data_ptr<c10::BFloat16>();
+  if (M <= GEMV_MAX_TOKENS) {
+    const Tokens tokens(x.data_ptr<c10::BFloat16>(), M, K);
+    at::parallel_for(0, N / TILE_N, 2, [&](int64_t t0, int64_t t1) {
+      by_tokens(M, [&](auto m) { gemv<decltype(m)::value>(w, tokens, t0, t1, out, N); });
+    });
+  } else {
+    const int64_t m_pad = (M + 15) / 16 * 16;
+    auto padded = torch::zeros({m_pad, K}, x.options());
+    padded.narrow(0, 0, M).copy_(x);
+    gemm(w, padded.data_ptr<c10::BFloat16>(), M, m_pad, K, N, out);
+  }
+  return y;
+}
 #endif
 
 }  // namespace
@@ -326,12 +314,10 @@ bool tiled_weights_available() {
 
 torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales_offsets, int64_t group_size) {
 #if TILED_WEIGHTS
-  const int64_t K = x.size(1), N = codes.size(0) * TILE_N;
+  const int64_t K = x.size(1);
   const Int4Tiles w{codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales_offsets.data_ptr<c10::BFloat16>()),
                     K / TILE_K, K / group_size, group_size / TILE_K};
-  return matmul(x, w, N, nullptr, INT4_GEMV_MAX_TOKENS, [&](int64_t M, const Tokens& t, int64_t t0, int64_t t1, c10::BFloat16* y) {
-    by_tokens(M, [&](auto m) { gemv_int4<decltype(m)::value>(w, t, t0, t1, y, N); });
-  });
+  return matmul(x, w, codes.size(0) * TILE_N);
 #else
   TORCH_CHECK(false, "the cpu kernels were built without AMX and AVX-512 BF16");
 #endif
@@ -339,12 +325,8 @@ torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Ten
 
 torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales) {
 #if TILED_WEIGHTS
-  const int64_t K = x.size(1), N = codes.size(0) * TILE_N;
-  const Int8Tiles w{codes.data_ptr<uint8_t>(), K / TILE_K};
-  const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
-  return matmul(x, w, N, s, INT8_GEMV_MAX_TOKENS, [&](int64_t M, const Tokens& t, int64_t t0, int64_t t1, c10::BFloat16* y) {
-    by_tokens(M, [&](auto m) { gemv_int8<decltype(m)::value>(w, t, s, t0, t1, y, N); });
-  });
+  const Int8Tiles w{codes.data_ptr<uint8_t>(), scales.data_ptr<c10::BFloat16>(), x.size(1) / TILE_K};
+  return matmul(x, w, codes.size(0) * TILE_N);
 #else
   TORCH_CHECK(false, "the cpu kernels were built without AMX and AVX-512 BF16");
 #endif
