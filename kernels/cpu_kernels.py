@@ -204,8 +204,9 @@ def isa_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
     if {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags:
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
-        if {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"} <= cpu_flags:  # kernels.tiled_weights (the OS
-            flags += ["-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"]  # is asked for AMX at run time)
+        # kernels.tiled_weights; the OS is asked for AMX tile data at run time, and may refuse it.
+        if {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"} <= cpu_flags:
+            flags += ["-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"]
     return flags
 
 

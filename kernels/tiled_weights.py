@@ -13,7 +13,7 @@ tile by input tile:
 
 Activations are bfloat16 ``[M, K]``; ``N`` a multiple of 32 and ``K`` of 32 (``fits``). For a few tokens the
 kernel is a GEMV over the codes (the inputs rounded to int8 per 32, as llama.cpp does); more tokens
-decode 32 outputs' weights at a time to bfloat16 tiles and multiply them with AMX. Sums are float32 either way.
+decode 8 x 32 outputs' weights at a time to bfloat16 tiles and multiply them with AMX. Sums are float32 either way.
 """
 
 from __future__ import annotations

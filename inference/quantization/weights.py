@@ -119,11 +119,9 @@ class Int4Weight(LinearWeight):
         if self.kernel == "tiled":
             packed, scales = tiled_weights.pack_int4(codes.codes, codes.scales, codes.zeros)
         else:
-            if self.kernel == "torch":
-                packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 2)
-            else:
-                packed = int4_reference.pack_codes(codes.codes)
-            scales = torch.stack([codes.scales.t(), codes.zeros.t()], dim=-1).to(dtype).contiguous()
+            packed = (torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.codes.to(torch.int32), 2)
+                      if self.kernel == "torch" else int4_reference.pack_codes(codes.codes))
+            scales = torch.stack([codes.scales.t(), codes.zeros.t()], dim=-1).contiguous()
         self.register_buffer("packed", packed.to(device))
         self.register_buffer("scales", scales.to(device, dtype))
         perm = codes.input_perm
@@ -182,21 +180,18 @@ class Int8Weight(LinearWeight):
         return cls(codes, scales, device, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
         if self.kernel == "tiled":
             y = tiled_weights.int8_matmul(x.reshape(-1, self.in_features), self.codes, self.scales)
-            return y.view(*shape[:-1], self.out_features)
-        if x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
+        elif x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.codes, self.scales)
-            return y.view(*shape[:-1], self.out_features)
-        # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
-        return F.linear(x, self.codes.to(x.dtype)) * self.scales
-
-    def _codes(self) -> torch.Tensor:
-        return tiled_weights.unpack_int8(self.codes) if self.kernel == "tiled" else self.codes
+        else:
+            # One conversion pass; the per-row scale applies to the output (x @ (q * s).T == (x @ q.T) * s).
+            return F.linear(x, self.codes.to(x.dtype)) * self.scales
+        return y.view(*x.shape[:-1], self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        return self._codes().float() * self.scales.float().unsqueeze(-1)
+        codes = tiled_weights.unpack_int8(self.codes) if self.kernel == "tiled" else self.codes
+        return codes.float() * self.scales.float().unsqueeze(-1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         codes = tiled_weights.int8_rows(self.codes, ids) if self.kernel == "tiled" else self.codes[ids]

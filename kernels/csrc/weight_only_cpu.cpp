@@ -53,9 +53,10 @@ bool amx_permitted() {
   return ok;
 }
 
-// A format's GEMV parts: `codes(tile, j)`, the unsigned 8-bit codes of inputs 4j..4j+3 for each lane (what
-// `vpdpbusd` multiplies by the tokens' int8 codes), read from memory with the next lines prefetched; `block(t, kt)`
-// what turning a block's integer dot product into float32 needs, `fold` doing it, `finish` the row's last step.
+// What a format gives both kernels: `codes_of(tile, j)`, the unsigned 8-bit codes of inputs 4j..4j+3 for each lane
+// (what `vpdpbusd` multiplies by the tokens' int8 codes, and what the GEMM decodes), read with the next lines
+// prefetched; `block(t, kt)`, the tile's scales; `fold`, a block's integer dot product into the float32 sums
+// (GEMV); `value`, codes (as float32) into weights (GEMM); `finish`, a row's last step (both).
 
 // int4: where tiles and the per-(tile, group) scale and offset rows (16 bfloat16 each) live.
 struct Int4Tiles {
@@ -80,6 +81,7 @@ struct Int4Tiles {
     acc = _mm512_fmadd_ps(dot, _mm512_mul_ps(b.s, _mm512_set1_ps(sx)), acc);
     return _mm512_fmadd_ps(b.o, _mm512_set1_ps(sx * qsum), acc);
   }
+  static __m512 value(const Block& b, __m512 codes) { return _mm512_fmadd_ps(codes, b.s, b.o); }  // c * s + o
   __m512 finish(int64_t, __m512 acc) const { return acc; }
 };
 
@@ -99,6 +101,7 @@ struct Int8Tiles {
   static __m512 fold(const Block&, __m512 acc, __m512 dot, float sx, float qsum) {
     return _mm512_add_ps(acc, _mm512_fmadd_ps(dot, _mm512_set1_ps(sx), _mm512_set1_ps(-128.f * sx * qsum)));
   }
+  static __m512 value(const Block&, __m512 codes) { return _mm512_sub_ps(codes, _mm512_set1_ps(128.f)); }
   __m512 finish(int64_t t, __m512 acc) const {
     return _mm512_mul_ps(acc, vload_bf16(reinterpret_cast<const uint16_t*>(scales + t * TILE_N)));
   }
@@ -121,12 +124,11 @@ inline void store_bf16(c10::BFloat16* out, __m512 v) {
 // The GEMV's view of the tokens: each block of 32 inputs rounded to int8 with its own scale, absmax / 127, and the
 // sum of its codes.
 struct Tokens {
-  int64_t M, K;
+  int64_t K;
   std::vector<int8_t> q;  // [M][K]
   std::vector<float> scale, qsum;  // [M][K / 32]
 
-  Tokens(const c10::BFloat16* x, int64_t m, int64_t k)
-      : M(m), K(k), q(m * k), scale(m * k / TILE_K), qsum(m * k / TILE_K) {
+  Tokens(const c10::BFloat16* x, int64_t M, int64_t k) : K(k), q(M * K), scale(M * K / TILE_K), qsum(M * K / TILE_K) {
     const __m512 sign = _mm512_set1_ps(-0.f);
     for (int64_t b = 0; b < M * K / TILE_K; ++b) {  // a block: two registers of 16 inputs
       const uint16_t* v = reinterpret_cast<const uint16_t*>(x + b * TILE_K);
@@ -175,37 +177,19 @@ void gemv(const Tiles& w, const Tokens& x, int64_t t0, int64_t t1, c10::BFloat16
   }
 }
 
-// Tile (t, kt)'s weights as one AMX B tile (16 rows of 16 bfloat16 pairs, 1 KB) in `out`: dword lane n of block
-// b's low (high) nibbles holds inputs 8b..8b+3 (8b+4..8b+7), i.e. B rows 4b, 4b+1 (4b+2, 4b+3).
-void decode_tile(const Int4Tiles& w, int64_t t, int64_t kt, uint32_t* out) {
-  const __m512i mask = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
-  const __m512 s = vload_bf16(w.scales(t, kt)), o = vload_bf16(w.scales(t, kt) + 16);
-  const auto weight = [&](__m512i codes) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), s, o); };
-  for (int b = 0; b < 4; ++b) {
-    const __m512i v = _mm512_loadu_si512(w.tile(t, kt) + 64 * b);
-    const __m512i halves[2] = {_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_srli_epi16(v, 4), mask)};
-    for (int h = 0; h < 2; ++h) {
-      const __m512i d = halves[h];
-      uint32_t* row = out + (4 * b + 2 * h) * 16;
-      _mm512_storeu_si512(row, pack_pairs(weight(_mm512_and_si512(d, byte)),
-                                          weight(_mm512_and_si512(_mm512_srli_epi32(d, 8), byte))));
-      _mm512_storeu_si512(row + 16, pack_pairs(weight(_mm512_and_si512(_mm512_srli_epi32(d, 16), byte)),
-                                               weight(_mm512_srli_epi32(d, 24))));
-    }
-  }
-}
-
-void decode_tile(const Int8Tiles& w, int64_t t, int64_t kt, uint32_t* out) {  // dword j: B rows 2j, 2j + 1
-  // Byte `byte` of each lane as the float32 2^23 + byte (its bits are 0x4B000000 | byte), less 2^23 + 128: the code.
-  const auto code = [](__m512i d, int byte) {
-    const __m512i bits = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8 * byte), _mm512_set1_epi32(0xFF),
-                                                   _mm512_set1_epi32(0x4B000000), 0xEA);  // (a & b) | c
-    return _mm512_sub_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(8388736.f));
+// Tile (t, kt)'s weights as one AMX B tile (16 rows of 16 bfloat16 pairs, 1 KB) in `out`: lane n of codes_of(j)
+// holds inputs 4j..4j+3, i.e. the pairs of B rows 2j and 2j + 1.
+template <typename Tiles>
+void decode_tile(const Tiles& w, int64_t t, int64_t kt, uint32_t* out) {
+  const auto block = w.block(t, kt);
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  const auto weight = [&](__m512i codes, int i) {  // byte i of each lane, as a weight
+    return Tiles::value(block, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(codes, 8 * i), byte)));
   };
   for (int j = 0; j < 8; ++j) {
-    const __m512i d = _mm512_loadu_si512(w.tile(t, kt) + 64 * j);
-    _mm512_storeu_si512(out + 32 * j, pack_pairs(code(d, 0), code(d, 1)));
-    _mm512_storeu_si512(out + 32 * j + 16, pack_pairs(code(d, 2), code(d, 3)));
+    const __m512i codes = w.codes_of(w.tile(t, kt), j);
+    _mm512_storeu_si512(out + 32 * j, pack_pairs(weight(codes, 0), weight(codes, 1)));
+    _mm512_storeu_si512(out + 32 * j + 16, pack_pairs(weight(codes, 2), weight(codes, 3)));
   }
 }
 
@@ -286,7 +270,8 @@ void by_tokens(int64_t M, Fn&& fn) {
     default: return fn(std::integral_constant<int, 8>{});
   }
 }
-// y = x @ W.T: the GEMV for a few tokens, else the AMX GEMM.
+
+// y = x @ W.T (x contiguous): the GEMV for a few tokens, else the AMX GEMM.
 template <typename Tiles>
 torch::Tensor matmul(const torch::Tensor& x, const Tiles& w, int64_t N) {
   TORCH_CHECK(amx_permitted(), "this CPU or its VM does not enable AMX tile data");
@@ -298,11 +283,14 @@ torch::Tensor matmul(const torch::Tensor& x, const Tiles& w, int64_t N) {
     at::parallel_for(0, N / TILE_N, 2, [&](int64_t t0, int64_t t1) {
       by_tokens(M, [&](auto m) { gemv<decltype(m)::value>(w, tokens, t0, t1, out, N); });
     });
-  } else {
+  } else {  // AMX reads the tokens 16 rows at a time: zero rows pad a batch that is not a multiple of 16
     const int64_t m_pad = (M + 15) / 16 * 16;
-    auto padded = torch::zeros({m_pad, K}, x.options());
-    padded.narrow(0, 0, M).copy_(x);
-    gemm(w, padded.data_ptr<c10::BFloat16>(), M, m_pad, K, N, out);
+    torch::Tensor tokens = x;
+    if (m_pad != M) {
+      tokens = torch::zeros({m_pad, K}, x.options());
+      tokens.narrow(0, 0, M).copy_(x);
+    }
+    gemm(w, tokens.data_ptr<c10::BFloat16>(), M, m_pad, K, N, out);
   }
   return y;
 }
