@@ -207,10 +207,36 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [num_tokens, hidden] after the final norm; `compute_logits` picks rows later."""
         h = self.embed_tokens(input_ids)
         rope = self.rope.tables(positions, h.dtype)
+        stack = self._stack_weights(ops)
+        if stack is not None:
+            return ops.decoder_layers(h, stack, kv_caches, *rope, meta.slot_mapping, meta.block_tables,
+                                      meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
+                                      self.layers[0].self_attn.scale, self.norm.eps)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
             h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)
         return self.norm(h, ops)
+
+    def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
+        """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
+        six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
+        the layers must run here: a backend without it, tensor parallelism, LoRA, a bias, or a weight not in
+        oneDNN's packed layout (quantized, or an AVX2-only CPU's bfloat16). The list is made once; LoRA,
+        installed after loading, is checked every step."""
+        if not hasattr(ops, "decoder_layers"):
+            return None
+        if not hasattr(self, "_stack"):
+            linears = [(l.self_attn.qkv_proj, l.self_attn.o_proj, l.mlp.gate_up_proj, l.mlp.down_proj)
+                       for l in self.layers]
+            fits = self.group.size == 1 and all(isinstance(m.weight, PackedFloatWeight) and m.bias is None
+                                                for four in linears for m in four)
+            self._stack_linears = [m for four in linears for m in four]
+            self._stack = [t for l, (qkv, o, gate_up, down) in zip(self.layers, linears) for t in (
+                l.input_layernorm.weight, qkv.weight.packed, o.weight.packed, l.post_attention_layernorm.weight,
+                gate_up.weight.packed, down.weight.packed)] + [self.norm.weight] if fits else None
+        if self._stack is None or any(m.lora is not None for m in self._stack_linears):
+            return None
+        return self._stack
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -2,10 +2,12 @@
 
 Attention reads K/V in place through the block tables with an online softmax in float32
 (``kernels/csrc/paged_attention_cpu.cpp``): one routine for decode and prefill, threads over
-(sequence, KV head, query tile); a prefill sequence of ``SDPA_MIN_QUERY`` or more new tokens goes through
-torch's CPU flash attention instead, on a contiguous copy of its blocks. Float32, bfloat16 and float16 run in C++;
-other dtypes (float64) take the reference. ``rotary_embedding_`` rotates q and k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a
-row in one (``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``.
+(sequence, KV head, query tile); a sequence of ``prompt_min_query()`` or more new tokens (a prompt) goes through
+blocked matmuls instead, on a contiguous copy of its blocks (``csrc/prompt_attention_cpu.cpp``). Float32,
+bfloat16 and float16 run in C++; other dtypes (float64) take the reference. ``rotary_embedding_`` rotates q and
+k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a row in one
+(``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``. ``decoder_layers`` runs a whole
+model's layers for one step in one call (``csrc/decoder_cpu.cpp``), over the same kernels.
 ``reshape_and_cache`` writes each token's K and V rows with one copy each (``csrc/reshape_and_cache_cpu.cpp``);
 ``copy_blocks`` is the reference's (one ``index_copy_`` pass per layer, run only on copy-on-write).
 
@@ -33,14 +35,15 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul", "available", "unavailable_reason"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "decoder_layers", "available", "unavailable_reason"]
 
 copy_blocks = reference.copy_blocks
 
 _SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
                                                                      "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp",
                                                                      "reshape_and_cache_cpu.cpp",
-                                                                     "weight_only_cpu.cpp")]
+                                                                     "weight_only_cpu.cpp", "decoder_cpu.cpp",
+                                                                     "prompt_attention_cpu.cpp")]
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -111,62 +114,54 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
         return reference.paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
                                                  query_start_loc, scale, out=out)
     starts = query_start_loc.to(torch.int32)
-    q_lens = starts[1:] - starts[:-1]
-    if bool((q_lens < 0).any()) or int(starts[-1]) != query.shape[0] or bool((q_lens > context_lens).any()):
-        raise ValueError("query_start_loc must be non-decreasing, end at num_tokens, and give each sequence "
-                         "at most context_lens[s] new tokens")
+    _query_lens(starts, context_lens, query.shape[0])
     if query.device.type != "cpu":
         raise ValueError(f"the cpu backend needs CPU tensors, got {query.device}")
     out = validation.output_for(query, out)
-    starts_list, contexts = starts.tolist(), context_lens.tolist()
-    long = [s for s in range(num_seqs) if starts_list[s + 1] - starts_list[s] >= SDPA_MIN_QUERY]
-    width, block_size = block_tables.shape[1], key_cache.shape[1]
-    for s in long:  # refused before anything is written, as the C++ planner refuses the others
-        if (needed := -(-contexts[s] // block_size)) > width:
-            raise ValueError(f"block_tables has {width} columns but a context of {contexts[s]} tokens needs "
-                             f"{needed} blocks")
-    for s in long:
-        _prefill_by_sdpa(out, query, key_cache, value_cache, block_tables[s], starts_list[s], starts_list[s + 1],
-                         contexts[s], scale)
-    if len(long) == num_seqs:
-        return out
-    if not long:
-        _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
-        return out
-    # The short ones (decode rows of a mixed step, short suffixes after a prefix hit) as one sub-batch.
-    taken = set(long)
-    short = [s for s in range(num_seqs) if s not in taken]
-    rows = torch.cat([torch.arange(starts_list[s], starts_list[s + 1]) for s in short])
-    lens = torch.tensor([starts_list[s + 1] - starts_list[s] for s in short], dtype=torch.int32)
-    sub_starts = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
-    sub_out = torch.empty((rows.numel(), *query.shape[1:]), dtype=query.dtype)
-    _run(sub_out, query[rows], key_cache, value_cache, block_tables[short], context_lens[short], sub_starts, scale)
-    out[rows] = sub_out
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
     return out
 
 
-# A sequence with at least this many new tokens attends through torch's CPU flash attention (blocked matmuls),
-# 2-3x faster than the row-by-row kernel for a prompt (BENCHMARKS.md, issue 12); shorter ones use the kernel.
-SDPA_MIN_QUERY = 32
+def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[Tensor, Tensor]], cos: Tensor,
+                   sin: Tensor, slot_mapping: Tensor, block_tables: Tensor, context_lens: Tensor,
+                   query_start_loc: Tensor, num_heads: int, scale: float, eps: float) -> Tensor:
+    """Every decoder layer of a Llama-family model for one step, in one C++ call (``csrc/decoder_cpu.cpp``):
+    the final norm of the last layer's output. ``weights`` holds six tensors per layer (input norm, packed
+    q/k/v, packed o, post-attention norm, packed gate/up, packed down) and the final norm's last
+    (``inference.model.LlamaForCausalLM``). The metadata is checked once here, not once a layer."""
+    key_cache, value_cache = kv_caches[0]
+    num_seqs = block_tables.shape[0]
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    query_shape = torch.Size((hidden.shape[0], num_heads, head_dim))
+    validation.check_attention(torch.empty(query_shape, device="meta"), key_cache, value_cache, block_tables,
+                               context_lens, num_seqs)
+    validation.check_query_start_loc(query_start_loc, num_seqs)
+    _query_lens(query_start_loc, context_lens, hidden.shape[0])
+    if hidden.dtype not in _NATIVE_DTYPES or hidden.device.type != "cpu" or key_cache.dtype != hidden.dtype:
+        raise ValueError(f"decoder_layers runs {_NATIVE_DTYPES} on the CPU with caches of the hidden dtype, got "
+                         f"{hidden.dtype} on {hidden.device} and {key_cache.dtype} caches")
+    return extension().decoder_layers(
+        hidden.contiguous(), weights, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.contiguous(),
+        sin.contiguous(), slot_mapping.to(torch.int64), block_tables.to(torch.int32).contiguous(),
+        context_lens.to(torch.int32).contiguous(), query_start_loc.to(torch.int32).contiguous(), num_heads,
+        num_kv_heads, head_dim, float(scale), float(eps))
 
 
-def _prefill_by_sdpa(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, table: Tensor, start: int,
-                     end: int, context: int, scale: float) -> None:
-    """One sequence's new rows `start:end` attending to its `context` cached tokens (the new ones last): its
-    blocks' K/V gathered into a contiguous copy, then `scaled_dot_product_attention`, causal from the query's
-    offset (a prefix-cache hit or an earlier chunk puts `context - (end - start)` tokens before it)."""
-    block_size = key_cache.shape[1]
-    blocks = table[: -(-context // block_size)].long()
-    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)  # 5x `[blocks]`
-    values = value_cache.index_select(0, blocks).flatten(0, 1)[:context].transpose(0, 1).unsqueeze(0)
-    q = query[start:end].transpose(0, 1).unsqueeze(0)
-    q_len = end - start
-    mask = None
-    if context > q_len:  # row i sits at position context - q_len + i
-        mask = torch.arange(context) <= torch.arange(context - q_len, context).unsqueeze(1)
-    result = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                              is_causal=mask is None, scale=scale, enable_gqa=True)
-    out[start:end] = result[0].transpose(0, 1)
+def _query_lens(query_start_loc: Tensor, context_lens: Tensor, num_tokens: int) -> Tensor:
+    """Each sequence's new rows, after checking what the C++ planner trusts: offsets non-decreasing from 0 to
+    `num_tokens`, and no sequence with more new rows than its context."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    if (int(query_start_loc[0]) != 0 or bool((q_lens < 0).any()) or int(query_start_loc[-1]) != num_tokens
+            or bool((q_lens > context_lens).any())):
+        raise ValueError("query_start_loc must be non-decreasing, end at num_tokens, and give each sequence "
+                         "at most context_lens[s] new tokens")
+    return q_lens
+
+
+def prompt_min_query() -> int:
+    """New rows from which a sequence attends through blocked matmuls (``csrc/prompt_attention_cpu.cpp``) rather
+    than row by row: the C++ routine's own constant."""
+    return extension().PROMPT_MIN_QUERY
 
 
 def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

@@ -4,6 +4,9 @@
 // of a sequence with q_len new tokens sits at position context_len - q_len + i, attending causally to 0..that.
 // Decode is the case q_len == 1 everywhere.
 //
+// A prompt (PROMPT_MIN_QUERY or more new rows: a whole prompt, or a long suffix after a prefix hit) goes through
+// prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 3-4x faster for it); the other sequences here.
+//
 // Work item = (sequence, KV head, tile of up to TILE_Q query tokens). An item owns the group's query heads
 // for its tokens (GQA: the rows sharing one KV head), so each K/V block is read once per item and converted
 // to float32 once into a small local buffer, then reused by every row. Softmax is online (running max and
@@ -26,6 +29,7 @@
 namespace {
 
 constexpr int64_t TILE_Q = 16;
+constexpr int64_t PROMPT_MIN_QUERY = 32;  // new rows from which a sequence attends through prompt_attention
 constexpr int64_t PREFETCH_BLOCKS = 2;  // how far ahead a block's rows are fetched (1: 10-20% slower at 1,024 tokens)
 
 inline float to_float(float x) { return x; }
@@ -296,8 +300,9 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   }
 }
 
-// Work items, costliest first. Checks here what would otherwise read out of bounds: a context needing more
-// blocks than the table has columns (raised as ValueError in Python).
+// Work items, costliest first, for the sequences of fewer than PROMPT_MIN_QUERY new rows. Checks here, for every
+// sequence, what would otherwise read out of bounds: a context needing more blocks than the table has columns
+// (raised as ValueError in Python), before anything is written.
 std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& query_start_loc, int64_t kv_heads,
                        int64_t group, int64_t block_size, int64_t table_width) {
   const auto* ctx = context_lens.data_ptr<int32_t>();
@@ -308,6 +313,7 @@ std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& q
     TORCH_CHECK_VALUE((context + block_size - 1) / block_size <= table_width, "block_tables has ", table_width,
                       " columns but a context of ", context, " tokens needs ", (context + block_size - 1) / block_size,
                       " blocks");
+    if (q_len >= PROMPT_MIN_QUERY) continue;
     for (int64_t q0 = 0; q0 < q_len; q0 += TILE_Q) {
       const int64_t q1 = std::min(q_len, q0 + TILE_Q);
       const int64_t first_pos = context - q_len + q0;
@@ -322,6 +328,10 @@ std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& q
 
 }  // namespace
 
+void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                      torch::Tensor table, int64_t start, int64_t end, int64_t context,
+                      double scale);  // prompt_attention_cpu.cpp
+
 // query [tokens, heads, head_dim] (last dim contiguous), caches [blocks, block_size, kv_heads, head_dim]
 // (last dim contiguous), block_tables [seqs, width] int32, context_lens [seqs] int32, query_start_loc
 // [seqs + 1] int32, out like query (contiguous). Shapes and value ranges are checked by the Python caller.
@@ -332,6 +342,13 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
                                        block_tables.size(1));
+  const auto* starts = query_start_loc.data_ptr<int32_t>();
+  const auto* contexts = context_lens.data_ptr<int32_t>();
+  for (int64_t s = 0; s < context_lens.size(0); ++s) {
+    if (starts[s + 1] - starts[s] >= PROMPT_MIN_QUERY)
+      prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s],
+                       scale);
+  }
   if (items.empty()) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(items.size()));
@@ -377,14 +394,22 @@ bool tiled_weights_available();                                                 
 torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales_offsets,
                                 int64_t group_size);
 torch::Tensor tiled_int8_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales);
+torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> weights,
+                             std::vector<torch::Tensor> key_caches, std::vector<torch::Tensor> value_caches,
+                             torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
+                             torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
+                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
+                             double eps);  // decoder_cpu.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");
+  m.attr("PROMPT_MIN_QUERY") = PROMPT_MIN_QUERY;
   m.def("rotary_embedding", &rotary_embedding, "rotary position embedding of q and k heads, in place (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (CPU)");
   m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their cache slots (CPU)");
   m.def("tiled_weights_available", &tiled_weights_available, "whether AMX tiled weight-only matmuls run here");
   m.def("tiled_int4_matmul", &tiled_int4_matmul, "x @ W.T, W int4 in the tiled layout (CPU, AMX)");
+  m.def("decoder_layers", &decoder_layers, "a Llama model's decoder layers for one step (CPU)");
   m.def("tiled_int8_matmul", &tiled_int8_matmul, "x @ W.T, W int8 in the tiled layout (CPU, AMX)");
 }

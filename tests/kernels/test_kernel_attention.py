@@ -178,7 +178,7 @@ def test_cpu_kernels_refuse_a_block_table_too_narrow_for_its_context(request, de
     with pytest.raises(ValueError, match="block_tables has 2 columns but a context of 20 tokens needs 3 blocks"):
         ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, narrow, case.context_lens,
                                    case.scale)
-    # A prompt long enough for the flash-attention path is refused the same way.
+    # A prompt long enough for the matmul path is refused the same way.
     prompt = make_case(8, 3, 64, "fp32", [5, 40], device, [5, 40])
     with pytest.raises(ValueError, match="block_tables has 2 columns but a context of 40 tokens needs 5 blocks"):
         ops.paged_attention_prefill(prompt.query, prompt.key_cache, prompt.value_cache, prompt.block_tables[:, :2],
@@ -186,12 +186,12 @@ def test_cpu_kernels_refuse_a_block_table_too_narrow_for_its_context(request, de
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_cpu_prompts_through_flash_attention_match_dense(request, device, dtype):
-    """Sequences of >= SDPA_MIN_QUERY new tokens take torch's flash attention: a whole prompt, one after a
+def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype):
+    """Sequences of >= prompt_min_query() new tokens attend through blocked matmuls: a whole prompt, one after a
     prefix hit (causal from its offset), one spanning a partial last block, beside short ones and a decode row
     that stay in the C++ routine, all in one batch."""
     ops = backend_module(request, device, "cpu")
-    long = ops.SDPA_MIN_QUERY
+    long = ops.prompt_min_query()
     query_lens = [long, long + 9, 1, 3, 2 * long + 5]
     contexts = [long, long + 9 + 70, 17, 40, 2 * long + 5 + 16]
     case = make_case(16, 3, 64, dtype, query_lens, device, contexts)

@@ -1,0 +1,75 @@
+// A Llama-family model's decoder layers for one step, in one call from Python.
+//
+// The same operations as inference.model's layers, in the same order and the same roundings, through the same
+// kernels (the neighbouring files) and oneDNN's packed matmuls; what this file removes is the ~15 Python calls,
+// argument checks and tensor wrappers a layer costs on the Python side, about a third of a decode step at batch
+// 32 (BENCHMARKS.md, issue 12). (oneDNN's "add" post-op, fusing the residual add into o_proj and down_proj, was
+// tried: no faster at decode sizes, 10-30% slower at 2,048 tokens in bfloat16.)
+//
+// The caller (inference.model.LlamaForCausalLM.forward through kernels.cpu_kernels.decoder_layers) takes this
+// path only where it holds exactly: one rank, no LoRA, float weights packed for oneDNN, without biases.
+#include <torch/extension.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);             // rms_norm_cpu.cpp
+void rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);          // rotary_cpu.cpp
+torch::Tensor silu_and_mul(torch::Tensor x);                                            // silu_and_mul_cpu.cpp
+void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache, torch::Tensor value_cache,
+                       torch::Tensor slot_mapping);                                     // reshape_and_cache_cpu.cpp
+void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                     torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
+                     double scale);                                                     // paged_attention_cpu.cpp
+
+namespace {
+
+// x @ W.T for a weight in oneDNN's packed layout (inference.linear.PackedFloatWeight).
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed) {
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+      .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
+                        c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>)>();
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+}  // namespace
+
+// hidden [tokens, hidden] (the step's embeddings, contiguous); per layer, in `weights`, six tensors: input norm,
+// packed qkv, packed o, post-attention norm, packed gate_up, packed down; then the final norm's weight last.
+// cos/sin [tokens, head_dim / 2]; the caches and metadata as paged_attention and reshape_and_cache take them.
+// Returns the final norm of the last layer's output, [tokens, hidden]. Checked by the Python caller.
+torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> weights,
+                             std::vector<torch::Tensor> key_caches, std::vector<torch::Tensor> value_caches,
+                             torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
+                             torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
+                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale, double eps) {
+  const int64_t layers = static_cast<int64_t>(key_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * layers + 1 &&
+                  static_cast<int64_t>(value_caches.size()) == layers,
+              "decoder_layers: expected 6 weights per layer and the final norm, and one cache pair per layer");
+  const int64_t tokens = hidden.size(0);
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  torch::Tensor h = hidden;
+  torch::Tensor x = rms_norm(h, weights[0], eps);
+  for (int64_t i = 0; i < layers; ++i) {
+    const torch::Tensor* w = weights.data() + 6 * i;
+    const torch::Tensor qkv = packed_linear(x, w[1]);  // [tokens, q | k | v]
+    const torch::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({tokens, num_heads + num_kv_heads, head_dim});
+    rotary_embedding(qk, cos, sin);
+    reshape_and_cache(qk.narrow(1, num_heads, num_kv_heads),
+                      qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim}),
+                      key_caches[i], value_caches[i], slot_mapping);
+    torch::Tensor attn = torch::empty({tokens, num_heads, head_dim}, hidden.options());
+    paged_attention(attn, qk.narrow(1, 0, num_heads), key_caches[i], value_caches[i], block_tables, context_lens,
+                    query_start_loc, scale);
+    h = h + packed_linear(attn.view({tokens, q_size}), w[2]);
+    x = rms_norm(h, w[3], eps);
+    h = h + packed_linear(silu_and_mul(packed_linear(x, w[4])), w[5]);
+    x = rms_norm(h, w[6], eps);  // the next layer's input norm, or after the last layer the final norm
+  }
+  return x;
+}

@@ -1,0 +1,123 @@
+// A prompt's attention through matmuls: one sequence's new rows (a whole prompt, or the suffix after a prefix-cache
+// hit or an earlier chunk) attending causally to its context in the paged cache.
+//
+// The row-by-row kernel (paged_attention_cpu.cpp) computes a prompt's scores one dot product at a time, and torch's
+// CPU flash attention reached only ~100 GFLOP/s at these shapes (9 query heads over 3 KV heads, head_dim 64, a few
+// hundred tokens). Here the sequence's K and V are gathered once, each KV head's keys contiguous; then per tile of
+// QUERY_TILE tokens, with the query heads of one KV head stacked as rows: S = Q·Kᵀ over only the keys the tile can
+// see (a causal tile skips the keys after its last row), one pass of scale, causal mask and softmax in float32
+// rounded to the dtype, and O = P·V. Both products are oneDNN matmuls (bfloat16 in bfloat16, float32 in float32),
+// as HF's eager attention computes them: scores and probabilities rounded to the dtype before the next product.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cpu_math.h"
+
+namespace {
+
+constexpr int64_t QUERY_TILE = 64;
+
+// One row of scores s[0..n) in place: softmax(scale * s) over the first `visible`, zeros after, rounded to T.
+template <typename T>
+void softmax_row(T* s, int64_t n, int64_t visible, float scale, float* buf) {
+  float max = -std::numeric_limits<float>::infinity();
+  int64_t t = 0;
+#if FVEC_WIDTH
+  if constexpr (has_fvec_io<T>) {
+    const fvec vs = vset(scale);
+    fvec m = vset(max);
+    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) {
+      const fvec x = vmul(vload_as(s + t), vs);
+      vstore(buf + t, x);
+      m = vmax(m, x);
+    }
+    max = vreduce_max(m);
+  }
+#endif
+  for (; t < visible; ++t) max = std::max(max, buf[t] = static_cast<float>(s[t]) * scale);
+  float sum = 0.f;
+  t = 0;
+#if FVEC_WIDTH
+  const fvec vm = vset(max);
+  fvec acc = vzero();
+  for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) {
+    const fvec e = vexp2_bounded(vmax(vmul(vsub(vload(buf + t), vm), vset(LOG2_E)), vset(-126.f)));
+    vstore(buf + t, e);
+    acc = vadd(acc, e);
+  }
+  sum = vreduce_add(acc);
+#endif
+  for (; t < visible; ++t) sum += buf[t] = exp2_bounded(std::max((buf[t] - max) * LOG2_E, -126.f));
+  const float inv = 1.f / sum;
+  t = 0;
+#if FVEC_WIDTH
+  if constexpr (has_fvec_io<T>) {
+    const fvec vi = vset(inv);
+    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) vstore_as(s + t, vmul(vload(buf + t), vi));
+  }
+#endif
+  for (; t < visible; ++t) s[t] = static_cast<T>(buf[t] * inv);
+  for (t = visible; t < n; ++t) s[t] = static_cast<T>(0.f);
+}
+
+// scores [kv_heads, tile * group, keys]: row i of each head is token i / group of the tile, whose position is
+// `first_pos + i / group`, so it sees keys 0..that position.
+template <typename T>
+void softmax_tile(torch::Tensor scores, int64_t group, int64_t first_pos, float scale) {
+  const int64_t heads = scores.size(0), rows = scores.size(1), keys = scores.size(2);
+  T* data = scores.data_ptr<T>();
+  at::parallel_for(0, heads * rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(keys);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t visible = std::min(keys, first_pos + (r % rows) / group + 1);
+      softmax_row<T>(data + r * keys, keys, visible, scale, buf.data());
+    }
+  });
+}
+
+}  // namespace
+
+// query [tokens, heads, head_dim] (heads and dims contiguous), caches [blocks, block_size, kv_heads, head_dim]
+// (contiguous), table: the sequence's block ids (int32, at least ceil(context / block_size) of them). Rows
+// start..end of query are the sequence's new tokens, the last end - start of its `context`; their outputs go to
+// the same rows of out (like query, contiguous). Checked by the Python caller (kernels.cpu_kernels).
+void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                      torch::Tensor table, int64_t start, int64_t end, int64_t context, double scale) {
+  const int64_t heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
+  const int64_t q_len = end - start, offset = context - q_len;
+  const int64_t blocks = (context + block_size - 1) / block_size;
+  TORCH_CHECK_VALUE(blocks <= table.size(0), "block_tables has ", table.size(0), " columns but a context of ",
+                    context, " tokens needs ", blocks, " blocks");
+  if (q_len <= 0) return;
+  const torch::Tensor ids = table.narrow(0, 0, blocks).to(torch::kLong);
+  // [kv_heads, context, head_dim]: one KV head's keys (values) contiguous.
+  auto gather = [&](const torch::Tensor& cache) {
+    return cache.index_select(0, ids).view({blocks * block_size, kv_heads, head_dim}).narrow(0, 0, context)
+        .permute({1, 0, 2}).contiguous();
+  };
+  const torch::Tensor keys = gather(key_cache), values = gather(value_cache);
+  // [kv_heads, q_len * group, head_dim]: one KV head's query heads as rows, token by token.
+  const torch::Tensor q = query.narrow(0, start, q_len).view({q_len, kv_heads, group, head_dim})
+                              .permute({1, 0, 2, 3}).reshape({kv_heads, q_len * group, head_dim});
+  for (int64_t a = 0; a < q_len; a += QUERY_TILE) {
+    const int64_t b = std::min(q_len, a + QUERY_TILE), seen = offset + b;  // keys the tile's last row sees
+    torch::Tensor scores = at::bmm(q.narrow(1, a * group, (b - a) * group), keys.narrow(1, 0, seen).transpose(1, 2));
+    switch (scores.scalar_type()) {
+      case at::kFloat: softmax_tile<float>(scores, group, offset + a, static_cast<float>(scale)); break;
+      case at::kBFloat16: softmax_tile<c10::BFloat16>(scores, group, offset + a, static_cast<float>(scale)); break;
+      case at::kHalf: softmax_tile<c10::Half>(scores, group, offset + a, static_cast<float>(scale)); break;
+      default: TORCH_CHECK(false, "prompt_attention (CPU) supports float32, bfloat16 and float16, got ",
+                           scores.scalar_type());
+    }
+    const torch::Tensor o = at::bmm(scores, values.narrow(1, 0, seen));  // [kv_heads, tile * group, head_dim]
+    out.narrow(0, start + a, b - a).view({b - a, kv_heads, group, head_dim})
+        .copy_(o.view({kv_heads, b - a, group, head_dim}).permute({1, 0, 2, 3}));
+  }
+}

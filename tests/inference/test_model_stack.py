@@ -1,0 +1,75 @@
+"""The model's one-call decoder stack on the CPU (`kernels.cpu_kernels.decoder_layers`) against the same model
+run layer by layer through the torch reference ops: the hidden states each step returns and every K/V row it
+writes, over steps that mix whole prompts, a prompt after cached context, short suffixes and decode rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.model import AttentionMetadata, load_model
+from kernels import cpu_kernels, reference
+from tests.inference.quant_checkpoints import save_folder, tiny_llama
+from tests.kernels.kernel_cases import assert_close_to
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="the C++ CPU kernels cannot be built here")
+
+BLOCK_SIZE = 16
+# (cached tokens before the step, new tokens) per sequence, one list per step; each sequence's tokens continue
+# the previous step's. Step 1: whole prompts, long (the matmul prompt path) and short. Step 2: a decode row, a
+# 45-token suffix after 20 cached tokens (the prompt path from an offset), a 3-token suffix, a new prompt.
+STEPS = [[(0, 40), (0, 20), (0, 5)], [(40, 1), (20, 45), (5, 3), (0, 33)]]
+
+
+def metadata(step: list[tuple[int, int]]) -> tuple[torch.Tensor, AttentionMetadata]:
+    """Positions and metadata of a step; sequence s owns blocks 8s.. (enough for 128 tokens each)."""
+    positions, slots, contexts, starts = [], [], [], [0]
+    for s, (cached, new) in enumerate(step):
+        for p in range(cached, cached + new):
+            positions.append(p)
+            slots.append((8 * s + p // BLOCK_SIZE) * BLOCK_SIZE + p % BLOCK_SIZE)
+        contexts.append(cached + new)
+        starts.append(starts[-1] + new)
+    tables = torch.tensor([[8 * s + b for b in range(8)] for s in range(len(step))], dtype=torch.int32)
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), block_tables=tables,
+                             context_lens=torch.tensor(contexts, dtype=torch.int32),
+                             query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                             is_decode=all(new == 1 for _, new in step))
+    return torch.tensor(positions), meta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype):
+    hf = tiny_llama(hidden_size=192, intermediate_size=384, num_attention_heads=6, num_key_value_heads=2,
+                    num_hidden_layers=3)
+    model = load_model(save_folder(tmp_path, hf), torch.device("cpu"), dtype)
+    assert model._stack_weights(cpu_kernels) is not None, "this model must take the one-call path"
+    assert model._stack_weights(reference) is None
+    shape = (4 * 8, BLOCK_SIZE, 2, 32)
+    caches = {ops: [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(3)]
+              for ops in (cpu_kernels, reference)}
+    generator = torch.Generator().manual_seed(0)
+    for step in STEPS:
+        positions, meta = metadata(step)
+        ids = torch.randint(0, hf.config.vocab_size, positions.shape, generator=generator)
+        fused = model(ids, positions, caches[cpu_kernels], meta, cpu_kernels)
+        expected = model(ids, positions, caches[reference], meta, reference)
+        assert_close_to(fused, expected, dtype)
+    for (k, v), (k_ref, v_ref) in zip(caches[cpu_kernels], caches[reference]):
+        assert_close_to(k, k_ref, dtype)
+        assert_close_to(v, v_ref, dtype)
+
+
+def test_layers_that_need_python_keep_the_layer_by_layer_path(tmp_path):
+    """LoRA (installed after loading, so checked every step) or a bias: no one-call path."""
+    model = load_model(save_folder(tmp_path, tiny_llama()), torch.device("cpu"), torch.float32)
+    assert model._stack_weights(cpu_kernels) is not None
+    model.layers[1].mlp.down_proj.lora = object()
+    assert model._stack_weights(cpu_kernels) is None
+    model.layers[1].mlp.down_proj.lora = None
+    assert model._stack_weights(cpu_kernels) is not None
+
+    hf = tiny_llama(attention_bias=True)  # q/k/v biases, as Qwen2 has them (our loader takes no o_proj bias)
+    state = {k: v for k, v in hf.state_dict().items() if not k.endswith("o_proj.bias")}
+    biased = load_model(save_folder(tmp_path / "bias", hf, state), torch.device("cpu"), torch.float32)
+    assert biased._stack_weights(cpu_kernels) is None
