@@ -38,8 +38,17 @@ def metadata(step: list[tuple[int, int]]) -> tuple[torch.Tensor, AttentionMetada
     return torch.tensor(positions), meta
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """The suite runs on one thread (tests/conftest.py); two make the kernels share prompts between threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype):
+def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype, threads):
     hf = tiny_llama(hidden_size=192, intermediate_size=384, num_attention_heads=6, num_key_value_heads=2,
                     num_hidden_layers=3)
     model = load_model(save_folder(tmp_path, hf), torch.device("cpu"), dtype)
