@@ -163,40 +163,6 @@ inline void accumulate_values(float* acc, const float* correction, const float* 
   }
 }
 
-// exp(x) for x <= 0 (a score minus its running max): relative error ~1e-7 (float32 rounding); -inf gives 2^-126.
-inline float exp_nonpositive(float x) { return exp2_bounded(std::max(x * LOG2_E, -126.f)); }
-
-// Over one row's scores p[0..n) of a block, with `running_max` the row's max so far: the new max, and
-// p[t] replaced by exp(p[t] - max); returns their sum. A register of scores at a time, the tail one by one
-// (the scalar loops do not vectorise: floor and the exponent's bit cast stay scalar).
-inline float exponentiate(float* __restrict p, int64_t n, float running_max, float* new_max) {
-  float max = running_max, sum = 0.f;
-  int64_t t = 0;
-#if FVEC_WIDTH
-  fvec m = vset(running_max);
-  for (; t + FVEC_WIDTH <= n; t += FVEC_WIDTH) m = vmax(m, vload(p + t));
-  max = vreduce_max(m);
-#endif
-  for (; t < n; ++t) max = std::max(max, p[t]);
-  t = 0;
-#if FVEC_WIDTH
-  const fvec vm = vset(max);
-  fvec s = vzero();
-  for (; t + FVEC_WIDTH <= n; t += FVEC_WIDTH) {
-    const fvec e = vexp2_bounded(vmax(vmul(vsub(vload(p + t), vm), vset(LOG2_E)), vset(-126.f)));
-    vstore(p + t, e);
-    s = vadd(s, e);
-  }
-  sum = vreduce_add(s);
-#endif
-  for (; t < n; ++t) {
-    p[t] = exp_nonpositive(p[t] - max);
-    sum += p[t];
-  }
-  *new_max = max;
-  return sum;
-}
-
 struct Item {
   int64_t seq, kv_head, q_begin, q_end;  // q_* are token rows of the flattened query
   int64_t first_pos;                     // position of row q_begin in its sequence

@@ -26,40 +26,19 @@ constexpr int64_t QUERY_TILE = 64;
 // One row of scores s[0..n) in place: softmax(scale * s) over the first `visible`, zeros after, rounded to T.
 template <typename T>
 void softmax_row(T* s, int64_t n, int64_t visible, float scale, float* buf) {
-  float max = -std::numeric_limits<float>::infinity();
   int64_t t = 0;
 #if FVEC_WIDTH
   if constexpr (has_fvec_io<T>) {
-    const fvec vs = vset(scale);
-    fvec m = vset(max);
-    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) {
-      const fvec x = vmul(vload_as(s + t), vs);
-      vstore(buf + t, x);
-      m = vmax(m, x);
-    }
-    max = vreduce_max(m);
+    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) vstore(buf + t, vmul(vload_as(s + t), vset(scale)));
   }
 #endif
-  for (; t < visible; ++t) max = std::max(max, buf[t] = static_cast<float>(s[t]) * scale);
-  float sum = 0.f;
-  t = 0;
-#if FVEC_WIDTH
-  const fvec vm = vset(max);
-  fvec acc = vzero();
-  for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) {
-    const fvec e = vexp2_bounded(vmax(vmul(vsub(vload(buf + t), vm), vset(LOG2_E)), vset(-126.f)));
-    vstore(buf + t, e);
-    acc = vadd(acc, e);
-  }
-  sum = vreduce_add(acc);
-#endif
-  for (; t < visible; ++t) sum += buf[t] = exp2_bounded(std::max((buf[t] - max) * LOG2_E, -126.f));
-  const float inv = 1.f / sum;
+  for (; t < visible; ++t) buf[t] = static_cast<float>(s[t]) * scale;
+  float max;
+  const float inv = 1.f / exponentiate(buf, visible, -std::numeric_limits<float>::infinity(), &max);
   t = 0;
 #if FVEC_WIDTH
   if constexpr (has_fvec_io<T>) {
-    const fvec vi = vset(inv);
-    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) vstore_as(s + t, vmul(vload(buf + t), vi));
+    for (; t + FVEC_WIDTH <= visible; t += FVEC_WIDTH) vstore_as(s + t, vmul(vload(buf + t), vset(inv)));
   }
 #endif
   for (; t < visible; ++t) s[t] = static_cast<T>(buf[t] * inv);
