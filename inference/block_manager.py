@@ -148,19 +148,30 @@ class BlockPool:
         """How a child's `BlockKey` names this block as its parent."""
         return block_id, self.blocks[block_id].generation
 
-    def cache_block(self, block_id: int, block_hash: int, key: BlockKey) -> None:
-        """Register a full, computed block under its hash, unless the hash is already taken.
+    def cache_block(self, block_id: int, block_hash: int, key: BlockKey) -> bool:
+        """Register a full block under its hash, unless the hash is already taken; True if it was registered.
 
         A taken hash holds either an equal block (nothing to add) or a collision (this block stays
         uncached: its index entry would have to evict a live one).
         """
         if not self.enable_caching or block_hash in self.cached_block_hash_to_block:
-            return
+            return False
         block = self.blocks[block_id]
         block.block_hash, block.key = block_hash, key
         self.cached_block_hash_to_block[block_hash] = block_id
         if self.events.enabled:
             self.events.emit(BlockCached, block_id=block_id, block_hash=hash_label(block_hash))
+        return True
+
+    def uncache(self, block_ids: list[int]) -> None:
+        """Take blocks out of the prefix cache (their K/V are not what their hash says): they stay wherever
+        their ref count puts them, only unfindable."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            del self.cached_block_hash_to_block[block.block_hash]
+            block.block_hash, block.key = None, None
+        if block_ids and self.events.enabled:
+            self.events.emit(CacheReset, block_ids=tuple(block_ids))
 
     def _evict(self, block: KVBlock) -> None:
         if self.events.enabled:
@@ -197,6 +208,8 @@ class BlockManager:
         # Copy-on-write work for the model runner: (src, dst) physical block pairs, drained every step.
         self.pending_copies: list[tuple[int, int]] = []
         self.num_cow_copies = 0
+        # Blocks registered for this step before its forward has filled them (`promise_blocks`).
+        self.promised: list[tuple[Sequence, int]] = []
 
     # --- prefix caching -------------------------------------------------------------------------
 
@@ -256,15 +269,51 @@ class BlockManager:
         return seq.block_hashes[seq.num_cached_blocks : seq.num_prompt_tokens // self.block_size]
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """After a step: register blocks that are now full and computed, so later requests can reuse them."""
+        """After a step: register blocks that are now full and computed, so later requests can reuse them
+        (prompt blocks were mostly promised already, `promise_blocks`; this adds the ones decoding fills)."""
         if not self.enable_prefix_caching:
             return
+        self._register_full_blocks(seq, seq.num_computed_tokens)
+
+    def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Register the full blocks of `seq`'s first `num_tokens` tokens not registered yet; the block ids the
+        cache took (a hash already taken is skipped: `BlockPool.cache_block`)."""
         self._update_block_hashes(seq)
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        num_full = min(num_tokens // self.block_size, len(seq.block_hashes))
+        taken = []
         for i in range(seq.num_cached_blocks, num_full):
             key = self._block_key(seq, i, seq.block_table[i - 1] if i else None)
-            self.pool.cache_block(seq.block_table[i], seq.block_hashes[i], key)
+            if self.pool.cache_block(seq.block_table[i], seq.block_hashes[i], key):
+                taken.append(seq.block_table[i])
         seq.num_cached_blocks = max(seq.num_cached_blocks, num_full)
+        return taken
+
+    def promise_blocks(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Register now the blocks that this step's `num_new_tokens` of `seq` fill, before the forward runs,
+        so that a sequence admitted later in the same step maps them instead of computing the same K/V again
+        (a system prompt that many users send at once: one step for all of them, not one for the first and
+        another for the rest). Sound because every layer of the forward writes the whole step's K/V before
+        any sequence attends (inference/model.py), so a reader in the same step sees them complete.
+
+        Until the step has run they are promises: `keep_promises` after the forward, `break_promises` if
+        it failed (the blocks are then taken out of the cache: their K/V were never written)."""
+        if not self.enable_prefix_caching:
+            return
+        taken = self._register_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
+        self.promised.extend((seq, block_id) for block_id in taken)
+
+    def keep_promises(self) -> None:
+        """The step's forward ran: the promised blocks hold their K/V."""
+        self.promised = []
+
+    def break_promises(self) -> None:
+        """The step's forward failed: unregister the blocks promised for it (each sequence's count of cached
+        blocks drops back to before them), so no later request maps K/V that were never written."""
+        for seq, block_id in self.promised:
+            if block_id in seq.block_table:
+                seq.num_cached_blocks = min(seq.num_cached_blocks, seq.block_table.index(block_id))
+        self.pool.uncache([block_id for _, block_id in self.promised])
+        self.promised = []
 
     # --- allocation -----------------------------------------------------------------------------
 
@@ -394,3 +443,4 @@ class BlockManager:
         _check(used + pool.num_free_blocks == pool.num_blocks,
                f"{used} used + {pool.num_free_blocks} free/cached blocks != {pool.num_blocks} total")
         _check(not self.pending_copies, "copy-on-write copies left unexecuted")
+        _check(not self.promised, "blocks promised to the prefix cache for a step that never ran")

@@ -196,7 +196,12 @@ class LLMEngine:
             i for i, item in enumerate(plan.scheduled)
             if item.seq.num_computed_tokens + item.num_new_tokens == len(item.seq.token_ids)
         ]
-        logits = self.runner.execute(plan.scheduled, sample_rows, self.block_manager.take_pending_copies())
+        try:
+            logits = self.runner.execute(plan.scheduled, sample_rows, self.block_manager.take_pending_copies())
+        except BaseException:
+            self.block_manager.break_promises()
+            raise
+        self.block_manager.keep_promises()
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_full_blocks(item.seq)

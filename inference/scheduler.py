@@ -12,9 +12,11 @@ Every step, in this order:
    device slot; one whose adapter cannot get a slot yet (every slot serves running sequences) is passed
    over, keeping its place in line, while sequences of the base model or of resident adapters go ahead.
    A request whose grammar is still compiling (structured outputs) is passed over the same way until it
-   is ready. So is one whose next uncached blocks, for at least half of what it would compute, are blocks a
-   running prefill is computing right now (a shared system prompt sent by many users at once): a step later
-   they are in the prefix cache, and it computes only the rest instead of the same K/V a second time.
+   is ready. Blocks a prefill fills in this step are registered in the prefix cache as it is scheduled
+   (`BlockManager.promise_blocks`), so requests behind it that share them (a system prompt sent by many
+   users at once) map them in the same step and compute only the rest. A request whose next uncached
+   blocks, for at least half of what it would compute, are blocks a running prefill computes in a *later*
+   step (a chunked prompt) is passed over until they are cached, instead of computing the same K/V twice.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Scheduler:
                 out.scheduled.append(ScheduledSeq(seq, num_new))
                 scheduled_ids.add(seq.seq_id)
                 budget -= num_new
+                self.block_manager.promise_blocks(seq, num_new)
 
         in_flight = self._prefill_blocks_in_flight() if self.waiting else set()
         for seq in list(self.waiting):
@@ -120,6 +123,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            self.block_manager.promise_blocks(seq, num_new)  # the sequences behind it may map them now
             in_flight.update(self.block_manager.prompt_blocks_to_compute(seq))
         if out.scheduled and self.block_manager.events.enabled:
             self.block_manager.events.emit(Scheduled, seqs=tuple(

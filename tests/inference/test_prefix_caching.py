@@ -1,5 +1,7 @@
 """Automatic prefix caching and copy-on-write sharing, checked against caching-off greedy output."""
 
+import pytest
+
 from inference import SamplingParams
 from tests.inference.engines import get_llm
 
@@ -75,8 +77,9 @@ def test_hit_after_eviction_recomputes_correctly():
 
 
 def test_eviction_under_pressure_never_corrupts_running_requests():
-    llm = get_llm(num_kv_blocks=40, max_model_len=320)
-    off = get_llm(num_kv_blocks=40, max_model_len=320, enable_prefix_caching=False)
+    # 24 blocks: tight enough to preempt and evict even though the 8 prompts share their first blocks.
+    llm = get_llm(num_kv_blocks=24, max_model_len=320)
+    off = get_llm(num_kv_blocks=24, max_model_len=320, enable_prefix_caching=False)
     base = ids(llm, SYSTEM)[:120]
     prompts = [{"prompt_token_ids": base[: 40 + 10 * i] + ids(llm, f"Variant {i}.")} for i in range(8)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -131,8 +134,9 @@ def test_forced_hash_collisions_never_serve_another_prompts_kv(monkeypatch):
 
 
 def test_requests_sent_together_with_one_system_prompt_compute_it_once():
-    """All at once, as a burst of users with one system prompt: the first computes it, the others wait a step
-    for it to be cached (the scheduler's in-flight rule) rather than computing the same K/V beside it."""
+    """All at once, as a burst of users with one system prompt: the first computes it and the others map its
+    blocks in the same step (promised to the prefix cache as it is scheduled), computing only their own
+    questions; all four get their first token from that one step."""
     on, off = get_llm(), get_llm(enable_prefix_caching=False)
     on.reset_prefix_cache()
     base = ids(on, SYSTEM)
@@ -144,14 +148,43 @@ def test_requests_sent_together_with_one_system_prompt_compute_it_once():
     for out, prompt in zip(outputs[1:], prompts[1:]):
         assert out.num_cached_tokens >= cached
         assert out.metrics.num_computed_prompt_tokens == len(prompt["prompt_token_ids"]) - out.num_cached_tokens
+    assert len({out.metrics.first_token_time for out in outputs}) == 1
 
 
 def test_a_short_shared_header_does_not_hold_requests_back():
-    """Only a block or two in common (less than half of what each computes): everyone is admitted at once."""
-    llm = get_llm()
-    llm.reset_prefix_cache()
-    header = ids(llm, SYSTEM)[:16]
-    prompts = [{"prompt_token_ids": header + ids(llm, f"A long and different question number {i} " * 6)}
+    """Only a block in common: everyone is admitted at once, the later ones mapping the first one's block."""
+    on, off = get_llm(), get_llm(enable_prefix_caching=False)
+    on.reset_prefix_cache()
+    header = ids(on, SYSTEM)[:16]
+    prompts = [{"prompt_token_ids": header + ids(on, f"A long and different question number {i} " * 6)}
                for i in range(3)]
-    outputs = llm.generate(prompts, GREEDY)
-    assert all(o.num_cached_tokens == 0 for o in outputs)
+    outputs = on.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == run(off, prompts)
+    assert [o.num_cached_tokens for o in outputs] == [0, 16, 16]
+    assert len({out.metrics.first_token_time for out in outputs}) == 1
+
+
+def test_blocks_promised_for_a_step_that_fails_are_not_cached(monkeypatch):
+    """A forward that raises after its blocks were promised to the prefix cache: they are taken back out (their
+    K/V were never written), so the same prompt afterwards computes everything and still matches caching off."""
+    on, off = get_llm(), get_llm(enable_prefix_caching=False)
+    on.reset_prefix_cache()
+    engine = on.llm_engine
+    prompts = [{"prompt_token_ids": ids(on, SYSTEM) + ids(on, f"Question {word}?")} for word in ("one", "two")]
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the forward failed")
+
+    monkeypatch.setattr(engine.runner, "execute", fail)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"doomed-{i}", prompt, GREEDY)
+    with pytest.raises(RuntimeError, match="the forward failed"):
+        engine.step()
+    assert not engine.block_manager.promised
+    for i in range(len(prompts)):
+        engine.abort_request(f"doomed-{i}")
+    engine.check_integrity()
+    monkeypatch.undo()
+    outputs = on.generate(prompts[:1], GREEDY)
+    assert outputs[0].num_cached_tokens == 0
+    assert [outputs[0].outputs[0].token_ids] == run(off, prompts[:1])
