@@ -7,6 +7,7 @@ size, is the throughput-vs-concurrency curve; HF `generate` is measured the same
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -54,29 +55,33 @@ def prompts(batch: int, length: int = PROMPT_TOKENS) -> list[list[int]]:
 
 
 def ours_decode_step_s(engine: LLMEngine, batch: int, steps: int, context: int = PROMPT_TOKENS) -> float:
-    """Mean wall time of a decode step with `batch` running sequences of ~`context` tokens (prefill excluded).
+    """Median wall time of a decode step with `batch` running sequences of ~`context` tokens (prefill excluded),
+    after two warm-up steps: the same statistic the vLLM runner reports (inference/bench/peers/vllm_runner.py).
 
     The first prompts prefilled start decoding while the rest are still prefilling, so every sequence may
     generate for as many steps as the prefill takes before the timing starts: max_tokens covers that, and
     each timed step is checked to run all `batch` sequences (a step of fewer would understate the cost).
     """
     prefill_steps = -(-batch * context // engine.scheduler.max_num_batched_tokens) + batch
-    params = SamplingParams(temperature=0, max_tokens=prefill_steps + steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=prefill_steps + steps + 4, ignore_eos=True)
     ids = [f"roofline-{batch}-{i}" for i in range(batch)]
     for request_id, prompt in zip(ids, prompts(batch, context)):
         engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
     started: set[str] = set()
     while len(started) < batch:  # prefill (possibly chunked) until every sequence has its first token
         started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
-    start = time.perf_counter()
+    for _ in range(2):
+        engine.step()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         ran = len(engine.step())
+        times.append(time.perf_counter() - start)
         if ran != batch:
             raise RuntimeError(f"a timed decode step ran {ran} sequences, not {batch}")
-    elapsed = (time.perf_counter() - start) / steps
     for request_id in ids:
         engine.abort_request(request_id)
-    return elapsed
+    return statistics.median(times)
 
 
 def hf_decode_step_s(model: Any, batch: int, steps: int) -> float:
