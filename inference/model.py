@@ -226,14 +226,17 @@ class LlamaForCausalLM(nn.Module):
         if not hasattr(ops, "decoder_layers"):
             return None
         if not hasattr(self, "_stack"):
-            linears = [(l.self_attn.qkv_proj, l.self_attn.o_proj, l.mlp.gate_up_proj, l.mlp.down_proj)
-                       for l in self.layers]
-            fits = self.group.size == 1 and all(isinstance(m.weight, PackedFloatWeight) and m.bias is None
-                                                for four in linears for m in four)
+            linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj) for layer in self.layers]
             self._stack_linears = [m for four in linears for m in four]
-            self._stack = [t for l, (qkv, o, gate_up, down) in zip(self.layers, linears) for t in (
-                l.input_layernorm.weight, qkv.weight.packed, o.weight.packed, l.post_attention_layernorm.weight,
-                gate_up.weight.packed, down.weight.packed)] + [self.norm.weight] if fits else None
+            fits = self.group.size == 1 and all(isinstance(m.weight, PackedFloatWeight) and m.bias is None
+                                                for m in self._stack_linears)
+            self._stack = None
+            if fits:
+                self._stack = [t for layer, (qkv, o, gate_up, down) in zip(self.layers, linears) for t in (
+                    layer.input_layernorm.weight, qkv.weight.packed, o.weight.packed,
+                    layer.post_attention_layernorm.weight, gate_up.weight.packed, down.weight.packed)]
+                self._stack.append(self.norm.weight)
         if self._stack is None or any(m.lora is not None for m in self._stack_linears):
             return None
         return self._stack
