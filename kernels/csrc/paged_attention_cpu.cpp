@@ -14,13 +14,16 @@
 // counter by torch's intra-op threads, so long prefills do not leave a thread idle at the end.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -310,10 +313,27 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
                                        block_tables.size(1));
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   const auto* contexts = context_lens.data_ptr<int32_t>();
-  for (int64_t s = 0; s < context_lens.size(0); ++s) {  // prompts: their matmuls use every thread
-    if (starts[s + 1] - starts[s] >= PROMPT_MIN_QUERY)
-      prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s],
-                       scale);
+  std::vector<std::pair<double, int64_t>> prompts;  // (cost, sequence), costliest first
+  for (int64_t s = 0; s < context_lens.size(0); ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    if (q_len >= PROMPT_MIN_QUERY) prompts.emplace_back(static_cast<double>(q_len) * contexts[s], s);
+  }
+  std::sort(prompts.begin(), prompts.end(), std::greater<>());
+  auto attend_prompt = [&](int64_t s) {
+    prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s], scale);
+  };
+  if (prompts.size() == 1) {
+    attend_prompt(prompts[0].second);  // its matmuls use every thread
+  } else if (!prompts.empty()) {
+    // A prompt's matmuls are too small to keep two threads busy (one thread is as fast), so each thread takes
+    // whole prompts, costliest first; inside the parallel region their matmuls run on the calling thread. The
+    // caller's thread-local state (inference mode) goes with them, as at::parallel_for does not carry it.
+    std::atomic<size_t> next_prompt{0};
+    const at::ThreadLocalState caller;
+    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), prompts.size()), 1, [&](int64_t, int64_t) {
+      const at::ThreadLocalStateGuard same_state(caller);
+      for (size_t i = next_prompt++; i < prompts.size(); i = next_prompt++) attend_prompt(prompts[i].second);
+    });
   }
   if (items.empty()) return;
   std::atomic<int64_t> next{0};
