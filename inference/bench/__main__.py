@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--out", type=Path, metavar="JSON",
                    help="also write the result object here, after every stage (a crash keeps what finished)")
+    p.add_argument("--vllm-rounds", type=int, default=1, metavar="N",
+                   help="vs-vllm: run ours then vLLM N times; the report gives the medians and every round's ratio")
     p.add_argument("--chat-max-output", type=int, help="longest chat output (default 128, the issue's upper "
                    "bound is 256: costly on 2 shared cores)")
     p.add_argument("--chat-requests", type=int, help="number of chat requests (default 64; the llama.cpp "
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.experiment_list = _choices(p, "experiment", args.experiments, EXPERIMENTS)
     if args.arrival == "poisson" and (args.rate is None or args.rate <= 0):
         p.error("--arrival poisson needs a positive --rate")
+    if args.vllm_rounds < 1:
+        p.error("--vllm-rounds needs at least one round")
     return args
 
 
@@ -270,7 +274,7 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
                 # All at t=0, like chat: a throughput race (Poisson arrivals at 1 req/s only measure the rate).
                 compared["shared-prefix"] = load_or_build("shared-prefix", args, mode, tokenizer)
             batch, contexts = DECODE_STEP_SHAPES[mode.name]
-            out["vs_vllm"] = vs_vllm.measure(compared, config, batch, contexts, progress)
+            out["vs_vllm"] = vs_vllm.measure(compared, config, batch, contexts, args.vllm_rounds, progress)
 
 
 def machine() -> dict[str, Any]:
