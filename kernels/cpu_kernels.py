@@ -199,9 +199,11 @@ def isa_flags() -> list[str]:
         flags += ["-mavx2", "-mfma", "-mf16c"]
     if {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags:
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+        if "avx512_bf16" in cpu_flags:  # bfloat16 dot products (the attention's scores)
+            flags += ["-mavx512bf16"]
         # kernels.tiled_weights; the OS is asked for AMX tile data at run time, and may refuse it.
         if {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"} <= cpu_flags:
-            flags += ["-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"]
+            flags += ["-mavx512vnni", "-mamx-tile", "-mamx-bf16"]
     return flags
 
 
