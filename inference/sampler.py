@@ -141,7 +141,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], mask: TokenMask | None = 
         raw_logprobs = logits.log_softmax(-1)
     if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params):
         logits = _apply_penalties(logits.clone(), seqs)
-    token_ids = logits.argmax(-1)
+    # max's indices are argmax's (the first of equal maxima, documented) at 1/3.7 of the time on the CPU: 0.4 ms
+    # instead of 1.5 for 32 rows of SmolLM2's 49,152 logits, a twentieth of a bfloat16 decode step.
+    token_ids = logits.max(-1).indices
 
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
