@@ -8,6 +8,10 @@
 // see (a causal tile skips the keys after its last row), one pass of scale, causal mask and softmax in float32
 // rounded to the dtype, and O = P·V. Both products are oneDNN matmuls (bfloat16 in bfloat16, float32 in float32),
 // as HF's eager attention computes them: scores and probabilities rounded to the dtype before the next product.
+//
+// On a CPU with AMX, bfloat16 prompts of FLASH_MIN_QUERY or more new tokens take torch's flash attention instead:
+// its tiles multiply on AMX, 1.2-1.6x faster than the matmuls here from 64 to 1,024 new tokens (at 40 it is 1.2x
+// slower; BENCHMARKS.md, issue 12). Without AMX it is the slower one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -22,6 +26,7 @@
 namespace {
 
 constexpr int64_t QUERY_TILE = 64;
+constexpr int64_t FLASH_MIN_QUERY = 64;
 
 // One row of scores s[0..n) in place: softmax(scale * s) over the first `visible`, zeros after, rounded to T.
 template <typename T>
@@ -62,6 +67,8 @@ void softmax_tile(torch::Tensor scores, int64_t group, int64_t first_pos, float 
 
 }  // namespace
 
+bool tiled_weights_available();  // weight_only_cpu.cpp: AMX built in, and granted by the OS
+
 // query [tokens, heads, head_dim] (heads and dims contiguous), caches [blocks, block_size, kv_heads, head_dim]
 // (contiguous), table: the sequence's block ids (int32, at least ceil(context / block_size) of them). Rows
 // start..end of query are the sequence's new tokens, the last end - start of its `context`; their outputs go to
@@ -82,6 +89,15 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
         .permute({1, 0, 2}).contiguous();
   };
   const torch::Tensor keys = gather(key_cache), values = gather(value_cache);
+  if (query.scalar_type() == at::kBFloat16 && q_len >= FLASH_MIN_QUERY && tiled_weights_available()) {
+    // Token i (position offset + i) sees keys 0..offset + i: the causal mask aligned to the bottom right.
+    const torch::Tensor visible = torch::ones({q_len, context}, query.options().dtype(torch::kBool)).tril(offset);
+    const torch::Tensor o = at::scaled_dot_product_attention(
+        query.narrow(0, start, q_len).transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), visible,
+        0.0, false, scale, /*enable_gqa=*/true);  // [1, heads, q_len, head_dim]
+    out.narrow(0, start, q_len).copy_(o.squeeze(0).transpose(0, 1));
+    return;
+  }
   // [kv_heads, q_len * group, head_dim]: one KV head's query heads as rows, token by token.
   const torch::Tensor q = query.narrow(0, start, q_len).view({q_len, kv_heads, group, head_dim})
                               .permute({1, 0, 2, 3}).reshape({kv_heads, q_len * group, head_dim});
