@@ -13,9 +13,9 @@
 // sequences an item takes every KV head: a block's rows then lie one after another in memory and are read in one
 // sweep (the SmolLM2 decode step at batch 32 and 1,024 tokens: 1.26x faster in bfloat16, 1.07x in float32, than
 // one head's 1/kv_heads-wide strips at a time); with few, each head is its own item, so the threads still share a
-// short batch. Softmax is online (running max and
-// sum per row), accumulated in float32. Items are sorted by cost (rows x context) and pulled from an atomic
-// counter by torch's intra-op threads, so long prefills do not leave a thread idle at the end.
+// short batch. Softmax is online (running max and sum per row), accumulated in float32. Items are sorted by cost
+// (rows x context) and pulled from an atomic counter by torch's intra-op threads, so long prefills do not leave a
+// thread idle at the end.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -108,9 +108,8 @@ inline void block_scores(const float* __restrict q, const float* __restrict k, i
 }
 
 #if defined(__AVX512BF16__)
-// block_scores for bfloat16 queries and keys, keys read where they lie (row t at k + t * row_stride), times
-// `scale`: VDPBF16PS multiplies pairs of bfloat16 exactly into float32 lanes, so keys are never widened or copied
-// (half the instructions of widening them first).
+// block_scores for bfloat16 queries and keys (row t at k + t * row_stride), times `scale`: VDPBF16PS multiplies
+// pairs of bfloat16 exactly into float32 lanes, so keys are never widened (half the instructions of widening them).
 constexpr bool BF16_DOT = true;
 template <int64_t HEAD_DIM>
 inline void block_scores_bf16(const c10::BFloat16* __restrict q, const c10::BFloat16* __restrict k,
@@ -175,6 +174,7 @@ inline void accumulate_rows(float* __restrict acc, const float* __restrict corre
     for (int64_t t = 0; t < n; ++t) {
       const float pt = pr[t];
       const V* vt = v + t * row_stride;
+#pragma omp simd
       for (int64_t d = 0; d < head_dim; ++d) ar[d] += pt * to_float(vt[d]);
     }
   }
@@ -213,16 +213,30 @@ struct Item {
   double cost;
 };
 
-// Per-thread buffers, sized once for the largest item: float32 queries, accumulators, one K/V block (all the
-// item's heads), and per row its probabilities over that block and the correction of its running sum.
+// How attend_item reads a K/V block of T: float32 where it lies; others copied a block at a time into the scratch,
+// as they are where bfloat16 dots take them, else widened to float32. A copy is a run of independent loads the CPU
+// keeps many of in flight; reading bfloat16 in place from the math's loops keeps few, and was 1.2x slower at 1,024
+// tokens even with prefetches.
+enum class BlockRead { in_place, copied, widened };
+template <typename T, int64_t HEAD_DIM>
+constexpr BlockRead block_read() {
+  if constexpr (std::is_same_v<T, float>) return BlockRead::in_place;
+  else if constexpr (BF16_DOT && std::is_same_v<T, c10::BFloat16> && HEAD_DIM > 0 && HEAD_DIM % 32 == 0)
+    return BlockRead::copied;
+  else return BlockRead::widened;
+}
+
+// Per-thread buffers, sized once for the largest item: its queries (float32, or bfloat16 as they came where the
+// block is copied), accumulators, one K/V block of the item's heads where it is copied or widened, and per row its
+// probabilities over that block and the correction of its running sum.
 struct Scratch {
   std::vector<float> q, acc, k, v, probs, correction, row_max, row_sum;
-  std::vector<c10::BFloat16> q_bf16, k_bf16, v_bf16;  // where bfloat16 dots take them: as they came
-  Scratch(int64_t rows, int64_t block_size, int64_t kv_heads, int64_t head_dim)
-      : q(rows * head_dim), acc(rows * head_dim), k(block_size * kv_heads * head_dim), q_bf16(rows * head_dim),
-        k_bf16(block_size * kv_heads * head_dim), v_bf16(block_size * kv_heads * head_dim),
-        v(block_size * kv_heads * head_dim), probs(rows * block_size), correction(rows), row_max(rows),
-        row_sum(rows) {}
+  std::vector<c10::BFloat16> q_bf16, k_bf16, v_bf16;
+  Scratch(int64_t rows, int64_t block_size, int64_t kv_heads, int64_t head_dim, BlockRead read)
+      : q(read == BlockRead::copied ? 0 : rows * head_dim), acc(rows * head_dim),
+        k(read == BlockRead::widened ? block_size * kv_heads * head_dim : 0), v(k.size()), probs(rows * block_size),
+        correction(rows), row_max(rows), row_sum(rows), q_bf16(read == BlockRead::copied ? rows * head_dim : 0),
+        k_bf16(read == BlockRead::copied ? block_size * kv_heads * head_dim : 0), v_bf16(k_bf16.size()) {}
 };
 
 // HEAD_DIM > 0 fixes head_dim at compile time (fully unrolled vector loops, ~1.5x faster); 0 reads it at run time.
@@ -232,12 +246,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
                  int64_t block_size, int64_t group, int64_t runtime_head_dim, float scale, T* out, int64_t o_s0,
                  int64_t o_s1) {
   const int64_t head_dim = HEAD_DIM > 0 ? HEAD_DIM : runtime_head_dim;
-  // float32 keys and values are read where they lie. Others are copied a block at a time into the scratch: as
-  // they are for bfloat16 where the CPU has bfloat16 dots, else widened to float32. A copy is a run of
-  // independent loads the CPU keeps many of in flight; reading in place from the math's loops keeps few, and
-  // was 1.2x slower at 1,024 tokens even with prefetches.
-  constexpr bool in_place = std::is_same_v<T, float>;
-  constexpr bool bf16_dots = BF16_DOT && std::is_same_v<T, c10::BFloat16> && HEAD_DIM > 0 && HEAD_DIM % 32 == 0;
+  constexpr BlockRead read = block_read<T, HEAD_DIM>();
   const int64_t tokens = it.q_end - it.q_begin;
   const int64_t heads = it.kv_end - it.kv_begin;
   const int64_t head_rows = tokens * group;  // rows per KV head
@@ -254,7 +263,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   std::fill_n(buf.row_sum.data(), rows, 0.f);
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = q + (it.q_begin + token_of(r)) * q_s0 + head_of(r) * q_s1;
-    if constexpr (bf16_dots) std::copy_n(row, head_dim, buf.q_bf16.data() + r * head_dim);
+    if constexpr (read == BlockRead::copied) std::copy_n(row, head_dim, buf.q_bf16.data() + r * head_dim);
     else load_row(row, buf.q.data() + r * head_dim, head_dim, scale);
   }
   // One block of every head of the item: per KV head, scores and the online-softmax update row by row, then the
@@ -262,9 +271,8 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   // probabilities past what it may see (causal) are 0, and a row that sees none of the block keeps its
   // accumulator (correction 1).
   auto attend_block = [&](int64_t start, int64_t n, const auto* kb, const auto* vb, int64_t row_stride,
-                          int64_t head_stride, auto&& before_head) {
+                          int64_t head_stride) {
     for (int64_t h = 0; h < heads; ++h) {
-      before_head(h);
       const auto* kh = kb + h * head_stride;
       int64_t used = 0;
       for (int64_t r = h * head_rows; r < (h + 1) * head_rows; ++r) {
@@ -277,7 +285,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
           continue;
         }
         used = std::max(used, limit);
-        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_reference_t<decltype(*kb)>>, c10::BFloat16>) {
+        if constexpr (read == BlockRead::copied) {
 #if defined(__AVX512BF16__)
           block_scores_bf16<HEAD_DIM>(buf.q_bf16.data() + r * head_dim, kh, row_stride, limit, scale, pr);
 #endif
@@ -308,44 +316,39 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
     const int64_t ahead_start = start + PREFETCH_BLOCKS * block_size;
     const int64_t ahead_rows = std::max<int64_t>(0, std::min(block_size, visible - ahead_start));
     const int64_t ahead = ahead_rows ? static_cast<int64_t>(table[ahead_start / block_size]) * c_s0 + it.kv_begin * c_s2 : 0;
-    auto prefetch = [&](int64_t t, int64_t h) {
-      const int64_t at = ahead + t * c_s1 + h * c_s2;
-      for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(k + at) + byte, 0, 2);
-        __builtin_prefetch(reinterpret_cast<const char*>(v + at) + byte, 0, 2);
-      }
-    };
     auto prefetch_row = [&](int64_t t) {
-      for (int64_t h = 0; h < heads; ++h) prefetch(t, h);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t at = ahead + t * c_s1 + h * c_s2;
+        for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(k + at) + byte, 0, 2);
+          __builtin_prefetch(reinterpret_cast<const char*>(v + at) + byte, 0, 2);
+        }
+      }
     };
-    if constexpr (in_place) {  // a head's rows before that head's work: smaller bursts than the block's at once
-      attend_block(start, n, k + base, v + base, c_s1, c_s2, [&](int64_t h) {
-        for (int64_t t = 0; t < ahead_rows; ++t) prefetch(t, h);
-      });
-    } else if constexpr (bf16_dots) {  // copied as they are, row t's heads side by side as in the cache
+    if constexpr (read == BlockRead::in_place) {
+      for (int64_t t = 0; t < ahead_rows; ++t) prefetch_row(t);
+      attend_block(start, n, k + base, v + base, c_s1, c_s2);
+    } else {  // into the scratch, row t's heads side by side as in the cache
       for (int64_t t = 0; t < n; ++t) {
         for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = base + t * c_s1 + h * c_s2;
-          std::copy_n(k + at, head_dim, buf.k_bf16.data() + (t * heads + h) * head_dim);
-          std::copy_n(v + at, head_dim, buf.v_bf16.data() + (t * heads + h) * head_dim);
+          const int64_t at = base + t * c_s1 + h * c_s2, to = (t * heads + h) * head_dim;
+          if constexpr (read == BlockRead::copied) {
+            std::copy_n(k + at, head_dim, buf.k_bf16.data() + to);
+            std::copy_n(v + at, head_dim, buf.v_bf16.data() + to);
+          } else {
+            load_row(k + at, buf.k.data() + to, head_dim, 1.f);
+            load_row(v + at, buf.v.data() + to, head_dim, 1.f);
+          }
         }
         if (t < ahead_rows) prefetch_row(t);
       }
       for (int64_t t = n; t < ahead_rows; ++t) prefetch_row(t);
-      attend_block(start, n, static_cast<const T*>(buf.k_bf16.data()), static_cast<const T*>(buf.v_bf16.data()),
-                   heads * head_dim, head_dim, [](int64_t) {});
-    } else {  // widened into the scratch, row t's heads side by side as in the cache
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = base + t * c_s1 + h * c_s2;
-          load_row(k + at, buf.k.data() + (t * heads + h) * head_dim, head_dim, 1.f);
-          load_row(v + at, buf.v.data() + (t * heads + h) * head_dim, head_dim, 1.f);
-        }
-        if (t < ahead_rows) prefetch_row(t);
-      }
-      for (int64_t t = n; t < ahead_rows; ++t) prefetch_row(t);
-      attend_block(start, n, static_cast<const float*>(buf.k.data()), static_cast<const float*>(buf.v.data()),
-                   heads * head_dim, head_dim, [](int64_t) {});
+      if constexpr (read == BlockRead::copied)
+        attend_block(start, n, static_cast<const T*>(buf.k_bf16.data()), static_cast<const T*>(buf.v_bf16.data()),
+                     heads * head_dim, head_dim);
+      else
+        attend_block(start, n, static_cast<const float*>(buf.k.data()), static_cast<const float*>(buf.v.data()),
+                     heads * head_dim, head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -443,7 +446,8 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
     auto attend = [&](auto fixed_head_dim) {
       at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
         const int64_t item_heads = items[0].kv_end - items[0].kv_begin;  // every item has as many
-        Scratch buf(TILE_Q * group * item_heads, block_size, item_heads, head_dim);
+        Scratch buf(TILE_Q * group * item_heads, block_size, item_heads, head_dim,
+                    block_read<scalar_t, decltype(fixed_head_dim)::value>());
         for (int64_t w = begin; w < end; ++w) {
           for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) {
             attend_item<scalar_t, decltype(fixed_head_dim)::value>(
