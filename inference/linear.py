@@ -76,27 +76,35 @@ class PackedFloatWeight(LinearWeight):
     copy is dropped, so the weights take the same memory as before. The packed tensor is opaque: it is not a
     parameter (`module.to()` must not touch it), it serves one dtype, and `dequantize` recovers the values
     exactly by multiplying the identity (`I @ W.T` is `W.T`: each output is one weight times 1, plus zeros).
+
+    A bfloat16 weight on a CPU without bfloat16 arithmetic (AVX2 only: oneDNN will not pack it, and torch's
+    own bfloat16 matmul there runs 4-8x slower than float32) is packed widened to float32, which holds every
+    bfloat16 value exactly: inputs are widened, the product is summed in float32 and rounded to bfloat16, as
+    a bfloat16 matmul with float32 accumulation computes it. The price is the weight's memory, twice
+    bfloat16's (`nbytes` says so); activations and the KV cache stay bfloat16.
     """
 
-    def __init__(self, weight: FloatWeight) -> None:
+    def __init__(self, weight: FloatWeight, widen: bool | None = None) -> None:
+        """`widen`: pack a bfloat16 weight as float32; by default where the CPU has no bfloat16 arithmetic."""
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
-        self.dtype = weight.value.dtype
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.value.detach(), None)
+        self.dtype = weight.value.dtype  # the activations'
+        if widen is None:
+            widen = self.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        value = weight.value.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(value.float() if widen else value, None)
 
     @staticmethod
     def packs(weight: LinearWeight) -> bool:
-        """Whether `weight` is a float weight that oneDNN can hold packed: float32, or bfloat16 where the CPU
-        has bfloat16 instructions (oneDNN refuses to pack it on an AVX2-only CPU)."""
-        if not (isinstance(weight, FloatWeight) and weight.value.device.type == "cpu"
-                and torch.backends.mkldnn.is_available()):
-            return False
-        dtype = weight.value.dtype
-        return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        """Whether `weight` is a float32 or bfloat16 weight on the CPU, which oneDNN holds packed."""
+        return (isinstance(weight, FloatWeight) and weight.value.device.type == "cpu"
+                and torch.backends.mkldnn.is_available() and weight.value.dtype in (torch.float32, torch.bfloat16))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"this weight is packed for {self.dtype} inputs, got {x.dtype}")
+        if self.packed.dtype != x.dtype:  # widened (see the class docstring)
+            return torch.ops.mkldnn._linear_pointwise(x.float(), self.packed, None, "none", [], "").to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
     def dequantize(self) -> torch.Tensor:

@@ -221,8 +221,8 @@ class LlamaForCausalLM(nn.Module):
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
         six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
         the layers must run here: a backend without it, tensor parallelism, LoRA, a bias, or a weight not in
-        oneDNN's packed layout (quantized, or an AVX2-only CPU's bfloat16). The list is made once; LoRA,
-        installed after loading, is checked every step."""
+        oneDNN's packed layout (a quantized one). The list is made once; LoRA, installed after loading, is
+        checked every step."""
         if not hasattr(ops, "decoder_layers"):
             return None
         if not hasattr(self, "_stack"):

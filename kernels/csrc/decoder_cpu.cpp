@@ -27,13 +27,19 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
 
 namespace {
 
-// x @ W.T for a weight in oneDNN's packed layout (inference.linear.PackedFloatWeight).
+// x @ W.T for a weight in oneDNN's packed layout (inference.linear.PackedFloatWeight). A bfloat16 model's weight
+// packed widened to float32 (a CPU without bfloat16 arithmetic) multiplies x widened, the result rounded back.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed) {
   static const auto op = c10::Dispatcher::singleton()
       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
                         c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>)>();
-  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  const c10::List<std::optional<at::Scalar>> no_scalars;
+  if (packed.scalar_type() != x.scalar_type()) {
+    return op.call(x.to(packed.scalar_type()), packed, std::nullopt, "none", no_scalars, std::nullopt)
+        .to(x.scalar_type());
+  }
+  return op.call(x, packed, std::nullopt, "none", no_scalars, std::nullopt);
 }
 
 }  // namespace

@@ -9,11 +9,16 @@
 // rounded to the dtype, and O = P·V. Both products are oneDNN matmuls (bfloat16 in bfloat16, float32 in float32),
 // as HF's eager attention computes them: scores and probabilities rounded to the dtype before the next product.
 //
+// On a CPU without bfloat16 arithmetic (AVX2 only), a bfloat16 sequence's products run on its values widened to
+// float32 (exact), each product rounded back to bfloat16: what a bfloat16 matmul summing in float32 computes, ~20x
+// faster there than torch's own bfloat16 matmuls (BENCHMARKS.md, issue 12).
+//
 // On a CPU with AMX, bfloat16 prompts of FLASH_MIN_QUERY or more new tokens take torch's flash attention instead:
 // its tiles multiply on AMX, 1.2-1.6x faster than the matmuls here from 64 to 1,024 new tokens (at 40 it is 1.2x
 // slower; BENCHMARKS.md, issue 12). Without AMX it is the slower one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
@@ -65,6 +70,13 @@ void softmax_tile(torch::Tensor scores, int64_t group, int64_t first_pos, float 
   });
 }
 
+// Whether oneDNN multiplies bfloat16 here (AVX-512 or newer); asked once, of the same check torch makes.
+bool bf16_arithmetic() {
+  static const bool native = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "").typed<bool()>().call();
+  return native;
+}
+
 }  // namespace
 
 bool tiled_weights_available();  // weight_only_cpu.cpp: AMX built in, and granted by the OS
@@ -88,8 +100,10 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
     return cache.index_select(0, ids).view({blocks * block_size, kv_heads, head_dim}).narrow(0, 0, context)
         .permute({1, 0, 2}).contiguous();
   };
-  const torch::Tensor keys = gather(key_cache), values = gather(value_cache);
-  if (query.scalar_type() == at::kBFloat16 && q_len >= FLASH_MIN_QUERY && tiled_weights_available()) {
+  const at::ScalarType dtype = query.scalar_type();
+  const at::ScalarType math = dtype == at::kBFloat16 && !bf16_arithmetic() ? at::kFloat : dtype;  // the products'
+  const torch::Tensor keys = gather(key_cache).to(math), values = gather(value_cache).to(math);
+  if (dtype == at::kBFloat16 && q_len >= FLASH_MIN_QUERY && tiled_weights_available()) {
     // Token i (position offset + i) sees keys 0..offset + i: the causal mask aligned to the bottom right.
     const torch::Tensor visible = torch::ones({q_len, context}, query.options().dtype(torch::kBool)).tril(offset);
     const torch::Tensor o = at::scaled_dot_product_attention(
@@ -100,10 +114,11 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
   }
   // [kv_heads, q_len * group, head_dim]: one KV head's query heads as rows, token by token.
   const torch::Tensor q = query.narrow(0, start, q_len).view({q_len, kv_heads, group, head_dim})
-                              .permute({1, 0, 2, 3}).reshape({kv_heads, q_len * group, head_dim});
+                              .permute({1, 0, 2, 3}).reshape({kv_heads, q_len * group, head_dim}).to(math);
   for (int64_t a = 0; a < q_len; a += QUERY_TILE) {
     const int64_t b = std::min(q_len, a + QUERY_TILE), seen = offset + b;  // keys the tile's last row sees
-    torch::Tensor scores = at::bmm(q.narrow(1, a * group, (b - a) * group), keys.narrow(1, 0, seen).transpose(1, 2));
+    torch::Tensor scores =
+        at::bmm(q.narrow(1, a * group, (b - a) * group), keys.narrow(1, 0, seen).transpose(1, 2)).to(dtype);
     switch (scores.scalar_type()) {
       case at::kFloat: softmax_tile<float>(scores, group, offset + a, static_cast<float>(scale)); break;
       case at::kBFloat16: softmax_tile<c10::BFloat16>(scores, group, offset + a, static_cast<float>(scale)); break;
@@ -111,7 +126,7 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
       default: TORCH_CHECK(false, "prompt_attention (CPU) supports float32, bfloat16 and float16, got ",
                            scores.scalar_type());
     }
-    const torch::Tensor o = at::bmm(scores, values.narrow(1, 0, seen));  // [kv_heads, tile * group, head_dim]
+    const torch::Tensor o = at::bmm(scores.to(math), values.narrow(1, 0, seen));  // [kv_heads, tile * group, head_dim]
     out.narrow(0, start + a, b - a).view({b - a, kv_heads, group, head_dim})
         .copy_(o.view({kv_heads, b - a, group, head_dim}).permute({1, 0, 2, 3}));
   }

@@ -44,19 +44,31 @@ def test_packed_weight_multiplies_like_the_plain_one_and_gives_its_values_back(d
     torch.manual_seed(0)
     value = torch.randn(96, 64).to(dtype)
     plain = FloatWeight(value.clone())
-    # oneDNN packs bfloat16 only where the CPU has bfloat16 instructions (not on an AVX2-only CPU).
-    bf16_packs = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert PackedFloatWeight.packs(plain) == (dtype == torch.float32 or bf16_packs)
-    if not PackedFloatWeight.packs(plain):
-        return
+    assert PackedFloatWeight.packs(plain)
     packed = PackedFloatWeight(plain)
     x = torch.randn(5, 64).to(dtype)
     tolerance = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 5e-2}
     torch.testing.assert_close(packed.matmul(x).float(), plain.matmul(x).float(), **tolerance)
     assert torch.equal(packed.dequantize(), value.float())  # exact: the identity times W
-    assert packed.nbytes == plain.nbytes  # the packed copy replaces the plain one, it is not beside it
+    # The packed copy replaces the plain one, it is not beside it (twice the bytes where bfloat16 is widened).
+    widened = dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert packed.nbytes == plain.nbytes * (2 if widened else 1)
     with pytest.raises(TypeError, match="packed for"):
         packed.matmul(x.double())
+
+
+def test_bfloat16_weight_packed_widened_multiplies_in_float32_and_rounds_to_bfloat16():
+    # What an AVX2-only CPU gets by default; forced here so every machine checks it.
+    torch.manual_seed(0)
+    value = torch.randn(96, 64).to(torch.bfloat16)
+    packed = PackedFloatWeight(FloatWeight(value.clone()), widen=True)
+    assert packed.packed.dtype == torch.float32 and packed.nbytes == value.numel() * 4
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    y = packed.matmul(x)
+    assert y.dtype == torch.bfloat16
+    exact = x.double() @ value.double().T  # every bfloat16 product is exact in float32; only the sum rounds
+    torch.testing.assert_close(y.double(), exact.to(torch.bfloat16).double(), rtol=8e-3, atol=1e-6)
+    assert torch.equal(packed.dequantize(), value.float())
 
 
 def test_loaded_model_packs_its_linear_layers_and_counts_what_it_keeps(tmp_path):
