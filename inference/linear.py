@@ -103,9 +103,9 @@ class PackedFloatWeight(LinearWeight):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"this weight is packed for {self.dtype} inputs, got {x.dtype}")
-        if self.packed.dtype != x.dtype:  # widened (see the class docstring)
-            return torch.ops.mkldnn._linear_pointwise(x.float(), self.packed, None, "none", [], "").to(x.dtype)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        # Both casts are no-ops unless the weight is widened (see the class docstring).
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.packed.dtype), self.packed, None, "none", [], "")
+        return y.to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         identity = torch.eye(self.in_features, dtype=self.dtype)

@@ -34,12 +34,9 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed)
       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::string_view,
                         c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>)>();
-  const c10::List<std::optional<at::Scalar>> no_scalars;
-  if (packed.scalar_type() != x.scalar_type()) {
-    return op.call(x.to(packed.scalar_type()), packed, std::nullopt, "none", no_scalars, std::nullopt)
-        .to(x.scalar_type());
-  }
-  return op.call(x, packed, std::nullopt, "none", no_scalars, std::nullopt);
+  // Both casts return their input unchanged unless the weight is widened.
+  return op.call(x.to(packed.scalar_type()), packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
+                 std::nullopt).to(x.scalar_type());
 }
 
 }  // namespace
