@@ -3,6 +3,7 @@ vs float64 dense."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from types import ModuleType
 
@@ -119,6 +120,29 @@ def test_head_dim_that_is_not_a_power_of_two(ops, device):
     check_both(decode, run_decode(ops, decode), run_decode(reference, decode))
     prefill = make_case(16, 3, 80, "fp32", [1, 15, 16, 9, 30], device)
     check_both(prefill, run_prefill(ops, prefill), run_prefill(reference, prefill))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_decode_over_blocks_shared_between_sequences(ops, device, dtype):
+    """Sequences whose tables share their first blocks (a prefix-cache hit, parallel samples): the CPU kernel
+    reads a shared block in place where it copies a private one (bfloat16), so the batch must come out bit-equal
+    to the same batch with every sequence holding private copies of those blocks, and match the oracle."""
+    block_size, shared_blocks = 16, 2
+    private = make_case(block_size, 3, 64, dtype, None, device, [3 * block_size + 5 + s for s in range(12)])
+    tables = private.block_tables.clone()
+    first = tables[0, :shared_blocks].long()
+    prefix = shared_blocks * block_size
+    for seq in range(1, tables.shape[0]):  # the private copies hold the first sequence's prefix
+        own = tables[seq, :shared_blocks].long()
+        private.key_cache[own] = private.key_cache[first]
+        private.value_cache[own] = private.value_cache[first]
+        private.keys[seq][:prefix] = private.keys[0][:prefix]
+        private.values[seq][:prefix] = private.values[0][:prefix]
+    tables[1:, :shared_blocks] = tables[0, :shared_blocks]
+    shared = dataclasses.replace(private, block_tables=tables)
+    out = run_decode(ops, shared)
+    assert torch.equal(out, run_decode(ops, private))
+    check_both(shared, out, run_decode(reference, shared))
 
 
 def test_prefill_single_token_rows_equal_decode(ops, device):
