@@ -434,7 +434,6 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
                                        block_tables.size(1), at::get_num_threads());
-  const std::vector<uint8_t> shared = shared_blocks(block_tables, context_lens, block_size, key_cache.size(0));
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   const auto* contexts = context_lens.data_ptr<int32_t>();
   std::vector<std::pair<double, int64_t>> prompts;  // (cost, sequence), costliest first
@@ -470,10 +469,13 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
     auto* o = out.data_ptr<scalar_t>();
     const auto* tables = block_tables.data_ptr<int32_t>();
     auto attend = [&](auto fixed_head_dim) {
+      constexpr BlockRead read = block_read<scalar_t, decltype(fixed_head_dim)::value>();
+      // Only a copied read tells shared blocks from private ones; the other reads never look.
+      const std::vector<uint8_t> shared = read == BlockRead::copied
+          ? shared_blocks(block_tables, context_lens, block_size, key_cache.size(0)) : std::vector<uint8_t>();
       at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
         const int64_t item_heads = items[0].kv_end - items[0].kv_begin;  // every item has as many
-        Scratch buf(TILE_Q * group * item_heads, block_size, item_heads, head_dim,
-                    block_read<scalar_t, decltype(fixed_head_dim)::value>());
+        Scratch buf(TILE_Q * group * item_heads, block_size, item_heads, head_dim, read);
         for (int64_t w = begin; w < end; ++w) {
           for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) {
             attend_item<scalar_t, decltype(fixed_head_dim)::value>(
