@@ -374,34 +374,42 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 // bfloat16 items on AMX tiles, where the OS grants tile data (tiled_weights_available) and an item's rows per KV
 // head fit one tile (tokens x group <= 16: every decode item). The vector path above runs its math after each
-// block's loads (30 layers, batch 32, 1,024 tokens, measured apart: copy 34 ms, math 22 ms, together ~58); here
-// the math is a few tile instructions a block and the tile loads read K in place, while the unit PREFETCH_BLOCKS
-// ahead is fetched (tile loads wait for memory in order): ~51 ms. Without that prefetch, ~58; with every head's
-// phase (scores, softmax, values) done for all heads before the next, slower again (56-62).
+// block's loads (30 layers, batch 32, 1,024 tokens, measured apart: copy 34 ms, math 22 ms, together ~58); here the
+// math is a few tile instructions and a softmax down 16 lanes per unit of keys, K is read in place by the tile
+// loads, and the unit PREFETCH_BLOCKS ahead is fetched (tile loads wait for memory in order): ~50 ms. Measured and
+// not kept: no prefetch (~58); that prefetch spread over the unit's work (~56); every head's phase done for all
+// heads before the next (56-62); one head at a time with per-row gathers and sums (~52); bfloat16 prompts of under
+// 64 rows on tiles too (32 suffixes of 40 tokens over 352 cached: 216-235 ms against the matmuls' 141).
 //
-// Per KV head h and unit of U block rows (32, or 16 where blocks are 16 rows): scores transposed, S^T[token][row] =
-// K . Q^T, with K's rows loaded as the A tile straight from the cache (no copy) and Q^T packed once per item in
-// pairs of dims (the B tile's VNNI layout); each row's scores are gathered out of S^T, softmaxed online in float32
-// as on the vector path, and rounded to bfloat16 as the A tile of O = P . V, whose B tile is V re-packed in pairs of
-// tokens by two unpacks a register. Unpacking works within 128-bit lanes, so the product's 16 columns are dims in a
-// fixed permuted order (see tile_dim); the accumulators keep that order and the output undoes it. Rows of a last,
-// partial block past the context are never used: their scores are not gathered, their V pairs are packed as zeros
-// (the cache there may hold anything, NaN included, and 0 * NaN is NaN).
+// Per unit of U keys (32, or 16 where blocks are 16 rows) and group of heads (attend_item_tiles): S^T = K . Q^T
+// with K's rows as the A tile straight from the cache and Q^T packed once per item in pairs of dims (the B tile's
+// VNNI layout); then O = P . V per head, P as bfloat16 the A tile and V re-packed in pairs of keys by two unpacks a
+// register as the B tile. Unpacking works within 128-bit lanes, so the product's 16 columns are dims in a fixed
+// permuted order (see tile_dim); the accumulators keep that order and the output undoes it. Keys of a last,
+// partial block past the context are never used: their scores are masked, their V pairs packed as zeros (the
+// cache there may hold anything, NaN included, and 0 * NaN is NaN).
 constexpr bool AMX_ATTENTION = true;
 constexpr int64_t TILE_ROWS = 16;
+
+// Rows of an item are taken `per_head` (tokens x group) for each of `heads` KV heads at once: as many heads as
+// fit 16 columns of S^T (SmolLM2's decode: all 3 heads, 9 rows).
+struct HeadGroup {
+  int64_t per_head, heads;
+  int64_t rows() const { return per_head * heads; }
+};
 
 struct AttentionTiles {  // AMX palette 1; tile numbers as used in attend_item_tiles
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
-  AttentionTiles(int64_t rows_per_head, int64_t unit) {
+  AttentionTiles(HeadGroup g, int64_t unit) {
     auto set = [&](int tile, int64_t r, int64_t bytes) { rows[tile] = r; colsb[tile] = bytes; };
-    set(0, TILE_ROWS, 64);                        // A: 16 keys x 32 dims
-    set(1, TILE_ROWS, rows_per_head * 4);         // B: Q^T, 16 pairs of dims x rows
-    set(2, TILE_ROWS, rows_per_head * 4);         // C: S^T, 16 keys x rows
-    set(4, rows_per_head, unit * 2);              // A: P, rows x U keys
-    set(5, unit / 2, 64);                         // B: V, U/2 pairs of keys x 16 dims
-    set(6, rows_per_head, 64);                    // C: O, rows x 16 dims
+    set(0, TILE_ROWS, 64);                                                // A: 16 keys x 32 dims of one head
+    set(1, TILE_ROWS, g.rows() * 4);                                      // B: Q^T, 16 pairs of dims x rows
+    for (int tile : {2, 3}) set(tile, TILE_ROWS, g.rows() * 4);          // C: S^T, 16 keys x rows
+    set(4, g.per_head, unit * 2);                                         // A: P of one head, rows x U keys
+    set(5, unit / 2, 64);                                                 // B: V, U/2 pairs of keys x 16 dims
+    for (int tile : {6, 7}) set(tile, g.per_head, 64);                   // C: O of one head, rows x 16 dims
   }
 };
 
@@ -409,127 +417,176 @@ struct AttentionTiles {  // AMX palette 1; tile numbers as used in attend_item_t
 // 32c..32c+31 (dims 8L..8L+3 of lane L), tile 2c+1 the high halves.
 inline int64_t tile_dim(int64_t tile, int64_t col) { return 32 * (tile / 2) + 8 * (col / 4) + 4 * (tile % 2) + col % 4; }
 
+// 16 registers of 16 floats transposed in place (row i lane j <-> row j lane i).
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i)  // per 128-bit block, r[4i + c] = column c of rows 4i..4i+3
+    for (int j = 0; j < 2; ++j) {
+      const __m512d a = _mm512_castps_pd(t[4 * i + j]), b = _mm512_castps_pd(t[4 * i + j + 2]);
+      r[4 * i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[4 * i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
 // Per-thread buffers of attend_item_tiles, sized for the largest item.
 struct TileScratch {
   std::vector<c10::BFloat16> qt, p, v;  // Q^T per (head, 32 dims) as B tiles; P rows; V pairs as B tiles
-  std::vector<float> s, probs, o, acc, correction, row_max, row_sum;
+  std::vector<float> s, o, acc, correction;  // S^T of a unit; its O per lane; running sums and corrections per lane
   TileScratch(int64_t heads, int64_t head_dim)
       : qt(heads * (head_dim / 32) * TILE_ROWS * 32), p(TILE_ROWS * 32), v((head_dim / 16) * TILE_ROWS * 32),
-        s(32 * TILE_ROWS), probs(TILE_ROWS * 32), o(TILE_ROWS * head_dim), acc(heads * TILE_ROWS * head_dim),
-        correction(TILE_ROWS), row_max(heads * TILE_ROWS), row_sum(heads * TILE_ROWS) {}
+        s(32 * TILE_ROWS), o(TILE_ROWS * head_dim), acc(TILE_ROWS * head_dim), correction(TILE_ROWS) {}
 };
 
+// Scores are transposed, S^T[key][row], one column per row of every head of the group: per head and 32 dims, the
+// A tile is that head's keys straight from the cache and the B tile that head's Q^T with the other heads' columns
+// zero, so one accumulator sums each row's own head only. The softmax then runs down the 16 lanes at once (a lane
+// per row: no gathers, no horizontal sums), keys a row may not see masked out, and P^T is transposed back in
+// registers to the A tile of O = P . V per head.
 template <int64_t HEAD_DIM>
-void attend_item_tiles(const Item& it, TileScratch& buf, const c10::BFloat16* q, int64_t q_s0, int64_t q_s1,
-                       const c10::BFloat16* k, const c10::BFloat16* v, int64_t c_s0, int64_t c_s1, int64_t c_s2,
-                       const int32_t* tables, int64_t t_s0, int64_t block_size, int64_t unit, int64_t group,
-                       float scale, c10::BFloat16* out, int64_t o_s0, int64_t o_s1) {
+void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, const c10::BFloat16* q, int64_t q_s0,
+                       int64_t q_s1, const c10::BFloat16* k, const c10::BFloat16* v, int64_t c_s0, int64_t c_s1,
+                       int64_t c_s2, const int32_t* tables, int64_t t_s0, int64_t block_size, int64_t unit,
+                       int64_t group, float scale, c10::BFloat16* out, int64_t o_s0, int64_t o_s1) {
   static_assert(HEAD_DIM % 32 == 0, "pairs of 16-dim tiles");
-  constexpr int64_t CHUNKS = HEAD_DIM / 32, DIM_TILES = HEAD_DIM / 16;
-  const int64_t tokens = it.q_end - it.q_begin, heads = it.kv_end - it.kv_begin, rows = tokens * group;
-  // Row r of a head = (token r / group, query head r % group of its group), as in attend_item.
+  constexpr int64_t CHUNKS = HEAD_DIM / 32, DIM_TILES = HEAD_DIM / 16, QT_TILE = TILE_ROWS * 32;
+  const int64_t tokens = it.q_end - it.q_begin, heads = it.kv_end - it.kv_begin, per_head = group_shape.per_head;
+  const int64_t halves = unit / TILE_ROWS;
+  // Row r of a head = (token r / group, query head r % group of its group), as in attend_item; lane = the row's
+  // place in its head group, g * per_head + r.
   auto query_row = [&](int64_t h, int64_t r) {
     return q + (it.q_begin + r / group) * q_s0 + ((it.kv_begin + h) * group + r % group) * q_s1;
   };
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t r = 0; r < rows; ++r) {
-      const c10::BFloat16* row = query_row(h, r);
-      for (int64_t d = 0; d < HEAD_DIM; ++d)  // B tile (h, d / 32): row (d % 32) / 2, column r, element d % 2
-        buf.qt[((h * CHUNKS + d / 32) * TILE_ROWS + (d % 32) / 2) * 32 + 2 * r + d % 2] = row[d];
-    }
-  std::fill_n(buf.acc.data(), heads * rows * HEAD_DIM, 0.f);
-  std::fill_n(buf.row_max.data(), heads * rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(buf.row_sum.data(), heads * rows, 0.f);
-  const __m512i gather_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                 _mm512_set1_epi32(TILE_ROWS));
   const int64_t visible = it.first_pos + tokens;
   const int32_t* table = tables + it.seq * t_s0;
   const int64_t key_stride = c_s1 * 2;  // bytes between a head's consecutive keys
   auto offset = [&](int64_t at) {  // of the unit starting at token `at`, first head of the item
     return static_cast<int64_t>(table[at / block_size]) * c_s0 + (at % block_size) * c_s1 + it.kv_begin * c_s2;
   };
-  for (int64_t start = 0; start < visible; start += unit) {
-    const int64_t n = std::min(unit, visible - start), base = offset(start);
-    // The unit PREFETCH_BLOCKS ahead, every row of the item's heads, is fetched now.
-    const int64_t ahead_start = start + PREFETCH_BLOCKS * unit;
-    if (ahead_start < visible) {
-      const int64_t ahead = offset(ahead_start), rows_ahead = std::min(unit, visible - ahead_start);
-      for (int64_t t = 0; t < rows_ahead; ++t)
-        for (int64_t h = 0; h < heads; ++h)
-          for (int64_t byte = 0; byte < HEAD_DIM * 2; byte += 64) {
-            _mm_prefetch(reinterpret_cast<const char*>(k + ahead + t * c_s1 + h * c_s2) + byte, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(v + ahead + t * c_s1 + h * c_s2) + byte, _MM_HINT_T0);
-          }
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      const c10::BFloat16* kh = k + base + h * c_s2;
-      const c10::BFloat16* vh = v + base + h * c_s2;
-      for (int64_t half = 0; half < unit / TILE_ROWS; ++half) {
-        _tile_zero(2);
+  for (int64_t first = 0; first < heads; first += group_shape.heads) {
+    const int64_t in_group = std::min(group_shape.heads, heads - first), lanes = in_group * per_head;
+    // Q^T tile (head g, 32 dims c): row (d % 32) / 2, column g * per_head + r, element d % 2; zero elsewhere.
+    std::fill_n(buf.qt.data(), in_group * CHUNKS * QT_TILE, c10::BFloat16(0.f));
+    for (int64_t g = 0; g < in_group; ++g)
+      for (int64_t r = 0; r < per_head; ++r) {
+        const c10::BFloat16* row = query_row(first + g, r);
+        c10::BFloat16* tiles = buf.qt.data() + g * CHUNKS * QT_TILE + 2 * (g * per_head + r);
+        for (int64_t d = 0; d < HEAD_DIM; ++d) tiles[(d / 32) * QT_TILE + ((d % 32) / 2) * 32 + d % 2] = row[d];
+      }
+    std::fill_n(buf.acc.data(), lanes * HEAD_DIM, 0.f);
+    // Running max per lane starts very low but finite, so a lane that has seen nothing yet corrects by exp(0) = 1.
+    fvec row_max = vset(-1e30f), row_sum = vzero();
+    // Per lane, the position of its token: it sees keys up to there (lanes past `lanes` see nothing).
+    alignas(64) int32_t positions[16];
+    for (int64_t lane = 0; lane < 16; ++lane)
+      positions[lane] = lane < lanes ? static_cast<int32_t>(it.first_pos + (lane % per_head) / group) : -1;
+    const __m512i lane_pos = _mm512_load_si512(positions);
+    for (int64_t start = 0; start < visible; start += unit) {
+      const int64_t n = std::min(unit, visible - start), base = offset(start) + first * c_s2;
+      // The unit PREFETCH_BLOCKS ahead, every row of the group's heads, is fetched now.
+      const int64_t ahead_start = start + PREFETCH_BLOCKS * unit;
+      if (ahead_start < visible) {
+        const int64_t ahead = offset(ahead_start) + first * c_s2, rows_ahead = std::min(unit, visible - ahead_start);
+        for (int64_t t = 0; t < rows_ahead; ++t)
+          for (int64_t g = 0; g < in_group; ++g)
+            for (int64_t byte = 0; byte < HEAD_DIM * 2; byte += 64) {
+              _mm_prefetch(reinterpret_cast<const char*>(k + ahead + t * c_s1 + g * c_s2) + byte, _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(v + ahead + t * c_s1 + g * c_s2) + byte, _MM_HINT_T0);
+            }
+      }
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t g = 0; g < in_group; ++g)  // S^T: the unit's first 16 keys into tile 2, its next 16 into 3
         for (int64_t c = 0; c < CHUNKS; ++c) {
-          _tile_loadd(0, kh + half * TILE_ROWS * c_s1 + 32 * c, key_stride);
-          _tile_loadd(1, buf.qt.data() + (h * CHUNKS + c) * TILE_ROWS * 32, 64);
+          const c10::BFloat16* kg = k + base + g * c_s2 + 32 * c;
+          _tile_loadd(1, buf.qt.data() + (g * CHUNKS + c) * QT_TILE, 64);
+          _tile_loadd(0, kg, key_stride);
           _tile_dpbf16ps(2, 0, 1);
+          if (halves == 2) {
+            _tile_loadd(0, kg + TILE_ROWS * c_s1, key_stride);
+            _tile_dpbf16ps(3, 0, 1);
+          }
         }
-        _tile_stored(2, buf.s.data() + half * TILE_ROWS * TILE_ROWS, 64);
+      _tile_stored(2, buf.s.data(), 64);
+      if (halves == 2) _tile_stored(3, buf.s.data() + TILE_ROWS * TILE_ROWS, 64);
+      // Online softmax down the lanes: key t counts for a lane where its position start + t <= the lane's.
+      __m512 p[32];
+      __mmask16 sees[32];
+      fvec new_max = row_max;
+      for (int64_t t = 0; t < unit; ++t) {
+        sees[t] = t < n ? _mm512_cmpge_epi32_mask(lane_pos, _mm512_set1_epi32(static_cast<int32_t>(start + t))) : 0;
+        p[t] = vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale));
+        new_max = _mm512_mask_max_ps(new_max, sees[t], new_max, p[t]);
       }
-      int64_t used = 0;
-      float* acc = buf.acc.data() + h * rows * HEAD_DIM;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t limit = std::max<int64_t>(0, std::min(n, it.first_pos + r / group + 1 - start));
-        float* pr = buf.probs.data() + r * 32;
-        for (int64_t half = 0; half < unit / TILE_ROWS; ++half)
-          vstore(pr + half * TILE_ROWS,
-                 vmul(_mm512_i32gather_ps(gather_rows, buf.s.data() + half * TILE_ROWS * TILE_ROWS + r, 4), vset(scale)));
-        float& row_max = buf.row_max[h * rows + r];
-        if (limit == 0) {
-          buf.correction[r] = 1.f;
-        } else {
-          float new_max;
-          const float sum = exponentiate(pr, limit, row_max, &new_max);
-          buf.correction[r] = exp_nonpositive(row_max - new_max);
-          row_max = new_max;
-          buf.row_sum[h * rows + r] = buf.row_sum[h * rows + r] * buf.correction[r] + sum;
-          used = std::max(used, limit);
+      const fvec correction = vexp2_bounded(vmax(vmul(vsub(row_max, new_max), vset(LOG2_E)), vset(-126.f)));
+      fvec sum = vzero();
+      for (int64_t t = 0; t < unit; ++t) {
+        p[t] = _mm512_maskz_mov_ps(sees[t], vexp2_bounded(vmax(vmul(vsub(p[t], new_max), vset(LOG2_E)), vset(-126.f))));
+        sum = vadd(sum, p[t]);
+      }
+      row_max = new_max;
+      row_sum = vfmadd(row_sum, correction, sum);
+      vstore(buf.correction.data(), correction);
+      for (int64_t half = 0; half < halves; ++half) transpose16(p + half * TILE_ROWS);  // p[16 half + lane][key]
+      for (int64_t lane = 0; lane < lanes; ++lane) {  // P as bfloat16, a row of the A tile per lane
+        if (halves == 2)
+          _mm512_storeu_si512(buf.p.data() + lane * 32, (__m512i)_mm512_cvtne2ps_pbh(p[TILE_ROWS + lane], p[lane]));
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.p.data() + lane * 32), (__m256i)_mm512_cvtneps_pbh(p[lane]));
+      }
+      for (int64_t g = 0; g < in_group; ++g) {
+        // V's keys t and t + 1 side by side in each dim's column; keys past the context are zeros.
+        const c10::BFloat16* vg = v + base + g * c_s2;
+        for (int64_t pair = 0; pair < unit / 2; ++pair)
+          for (int64_t c = 0; c < CHUNKS; ++c) {
+            const __m512i zero = _mm512_setzero_si512();
+            const __m512i a = 2 * pair < n ? _mm512_loadu_si512(vg + 2 * pair * c_s1 + 32 * c) : zero;
+            const __m512i b = 2 * pair + 1 < n ? _mm512_loadu_si512(vg + (2 * pair + 1) * c_s1 + 32 * c) : zero;
+            _mm512_storeu_si512(buf.v.data() + ((2 * c) * TILE_ROWS + pair) * 32, _mm512_unpacklo_epi16(a, b));
+            _mm512_storeu_si512(buf.v.data() + ((2 * c + 1) * TILE_ROWS + pair) * 32, _mm512_unpackhi_epi16(a, b));
+          }
+        _tile_loadd(4, buf.p.data() + g * per_head * 32, 64);
+        for (int64_t t = 0; t < DIM_TILES; t += 2) {  // O = P . V of head g, two accumulators in turn
+          _tile_zero(6);
+          _tile_zero(7);
+          _tile_loadd(5, buf.v.data() + t * TILE_ROWS * 32, 64);
+          _tile_dpbf16ps(6, 4, 5);
+          _tile_loadd(5, buf.v.data() + (t + 1) * TILE_ROWS * 32, 64);
+          _tile_dpbf16ps(7, 4, 5);
+          _tile_stored(6, buf.o.data() + g * per_head * HEAD_DIM + t * 16, HEAD_DIM * 4);
+          _tile_stored(7, buf.o.data() + g * per_head * HEAD_DIM + (t + 1) * 16, HEAD_DIM * 4);
         }
-        std::fill(pr + limit, pr + unit, 0.f);
-        for (int64_t half = 0; half < unit / TILE_ROWS; ++half)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.p.data() + r * 32 + half * TILE_ROWS),
-                              (__m256i)_mm512_cvtneps_pbh(vload(pr + half * TILE_ROWS)));
       }
-      if (used == 0) continue;
-      // V's keys t and t + 1 side by side in each dim's column; keys no row sees (past `used`) are zeros.
-      for (int64_t pair = 0; pair < unit / 2; ++pair)
-        for (int64_t c = 0; c < CHUNKS; ++c) {
-          const __m512i zero = _mm512_setzero_si512();
-          const __m512i a = 2 * pair < used ? _mm512_loadu_si512(vh + 2 * pair * c_s1 + 32 * c) : zero;
-          const __m512i b = 2 * pair + 1 < used ? _mm512_loadu_si512(vh + (2 * pair + 1) * c_s1 + 32 * c) : zero;
-          _mm512_storeu_si512(buf.v.data() + ((2 * c) * TILE_ROWS + pair) * 32, _mm512_unpacklo_epi16(a, b));
-          _mm512_storeu_si512(buf.v.data() + ((2 * c + 1) * TILE_ROWS + pair) * 32, _mm512_unpackhi_epi16(a, b));
-        }
-      _tile_loadd(4, buf.p.data(), 64);
-      for (int64_t t = 0; t < DIM_TILES; ++t) {
-        _tile_zero(6);
-        _tile_loadd(5, buf.v.data() + t * TILE_ROWS * 32, 64);
-        _tile_dpbf16ps(6, 4, 5);
-        _tile_stored(6, buf.o.data() + t * 16, HEAD_DIM * 4);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const fvec corr = vset(buf.correction[r]);
-        for (int64_t d = 0; d < HEAD_DIM; d += 16)
-          vstore(acc + r * HEAD_DIM + d, vfmadd(vload(acc + r * HEAD_DIM + d), corr, vload(buf.o.data() + r * HEAD_DIM + d)));
+      for (int64_t lane = 0; lane < lanes; ++lane) {
+        float* acc = buf.acc.data() + lane * HEAD_DIM;
+        const float* o = buf.o.data() + lane * HEAD_DIM;
+        const fvec corr = vset(buf.correction[lane]);
+        for (int64_t d = 0; d < HEAD_DIM; d += 16) vstore(acc + d, vfmadd(vload(acc + d), corr, vload(o + d)));
       }
     }
-  }
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float sum = buf.row_sum[h * rows + r];
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // empty context: zeros, not NaN
-      const float* ar = buf.acc.data() + (h * rows + r) * HEAD_DIM;
-      c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + ((it.kv_begin + h) * group + r % group) * o_s1;
+    alignas(64) float sums[16];
+    vstore(sums, row_sum);
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      const int64_t g = lane / per_head, r = lane % per_head;
+      const float inv = sums[lane] > 0.f ? 1.f / sums[lane] : 0.f;  // empty context: zeros, not NaN
+      const float* ar = buf.acc.data() + lane * HEAD_DIM;
+      c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + ((it.kv_begin + first + g) * group + r % group) * o_s1;
       for (int64_t t = 0; t < DIM_TILES; ++t)
         for (int64_t col = 0; col < 16; ++col) o[tile_dim(t, col)] = static_cast<c10::BFloat16>(ar[t * 16 + col] * inv);
     }
+  }
 }
 #else
 constexpr bool AMX_ATTENTION = false;
@@ -644,7 +701,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
       // a multiple: its unit of keys); the rest, and every item elsewhere, to attend_item.
       const int64_t unit = block_size % 32 == 0 ? 32 : 16;
       const bool tiles = tile_type && block_size % 16 == 0 && tiled_weights_available();
-      auto on_tiles = [&](const Item& it) { return tiles && (it.q_end - it.q_begin) * group <= 16; };
+      auto on_tiles = [&](const Item& it) { return tiles && (it.q_end - it.q_begin) * group <= TILE_ROWS; };
       const bool all_tiles = std::all_of(items.begin(), items.end(), on_tiles);
       // Only a copied read tells shared blocks from private ones; the other reads never look.
       const std::vector<uint8_t> shared = read == BlockRead::copied && !all_tiles
@@ -654,20 +711,21 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
         Scratch buf(all_tiles ? 0 : TILE_Q * group * item_heads, block_size, item_heads, head_dim, read);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
         TileScratch tile_buf(tiles ? item_heads : 0, HEAD_DIM > 0 ? HEAD_DIM : 32);
-        int64_t configured = 0;  // the rows per head the thread's tiles are configured for (0: none)
+        HeadGroup configured{0, 0};  // the shape the thread's tiles are configured for (none yet)
 #endif
         for (int64_t w = begin; w < end; ++w) {
           for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
             if constexpr (tile_type) {
               if (on_tiles(items[i])) {
-                const int64_t rows = (items[i].q_end - items[i].q_begin) * group;
-                if (rows != configured) {
-                  const AttentionTiles config(rows, unit);
+                const int64_t per_head = (items[i].q_end - items[i].q_begin) * group;
+                const HeadGroup shape{per_head, std::min(item_heads, TILE_ROWS / per_head)};
+                if (shape.per_head != configured.per_head || shape.heads != configured.heads) {
+                  const AttentionTiles config(shape, unit);
                   _tile_loadconfig(&config);
-                  configured = rows;
+                  configured = shape;
                 }
-                attend_item_tiles<HEAD_DIM>(items[i], tile_buf, q, query.stride(0), query.stride(1), k, v,
+                attend_item_tiles<HEAD_DIM>(items[i], tile_buf, shape, q, query.stride(0), query.stride(1), k, v,
                                             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), tables,
                                             block_tables.stride(0), block_size, unit, group,
                                             static_cast<float>(scale), o, out.stride(0), out.stride(1));
@@ -682,7 +740,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
           }
         }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-        if (configured) _tile_release();
+        if (configured.per_head) _tile_release();
 #endif
       });
     };
