@@ -41,6 +41,7 @@ namespace {
 
 constexpr int64_t TILE_Q = 16;
 constexpr int64_t PROMPT_MIN_QUERY = 32;  // new rows from which a sequence attends through prompt_attention
+constexpr int64_t TILE_MIN_PROMPT = 64;   // the same where bfloat16 items run on AMX tiles (prompt_attention's flash)
 constexpr int64_t WHOLE_HEADS_PER_THREAD = 4;  // (sequence, tile) pairs per thread from which items take every KV head
 constexpr int64_t PREFETCH_BLOCKS = 2;  // how far ahead a block's rows are fetched (1: 10-20% slower at 1,024 tokens)
 
@@ -378,8 +379,9 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
 // math is a few tile instructions and a softmax down 16 lanes per unit of keys, K is read in place by the tile
 // loads, and the unit PREFETCH_BLOCKS ahead is fetched (tile loads wait for memory in order): ~50 ms. Measured and
 // not kept: no prefetch (~58); that prefetch spread over the unit's work (~56); every head's phase done for all
-// heads before the next (56-62); one head at a time with per-row gathers and sums (~52); bfloat16 prompts of under
-// 64 rows on tiles too (32 suffixes of 40 tokens over 352 cached: 216-235 ms against the matmuls' 141).
+// heads before the next (56-62); one head at a time with per-row gathers and sums (~52). Items of more rows (prompts
+// of under TILE_MIN_PROMPT new rows) take attend_rows_tiles: 32 suffixes of 40 tokens over 352 cached, 30 layers,
+// 140 ms through prompt_attention's matmuls, 216-235 with this file's online softmax per unit, 113-118 in two passes.
 //
 // Per unit of U keys (32, or 16 where blocks are 16 rows) and group of heads (attend_item_tiles): S^T = K . Q^T
 // with K's rows as the A tile straight from the cache and Q^T packed once per item in pairs of dims (the B tile's
@@ -439,6 +441,20 @@ inline void transpose16(__m512* r) {
     r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
     r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
   }
+}
+
+// A unit's V rows (row t at vh + t * row_stride) as the B tiles of O = P . V: keys t and t + 1 side by side in each
+// dim's column, DIM_TILES tiles of 16 dims (in tile_dim's order); keys from n on (past the context) are zeros.
+template <int64_t HEAD_DIM>
+inline void pack_values(const c10::BFloat16* vh, int64_t row_stride, int64_t n, int64_t unit, c10::BFloat16* out) {
+  for (int64_t pair = 0; pair < unit / 2; ++pair)
+    for (int64_t c = 0; c < HEAD_DIM / 32; ++c) {
+      const __m512i zero = _mm512_setzero_si512();
+      const __m512i a = 2 * pair < n ? _mm512_loadu_si512(vh + 2 * pair * row_stride + 32 * c) : zero;
+      const __m512i b = 2 * pair + 1 < n ? _mm512_loadu_si512(vh + (2 * pair + 1) * row_stride + 32 * c) : zero;
+      _mm512_storeu_si512(out + ((2 * c) * TILE_ROWS + pair) * 32, _mm512_unpacklo_epi16(a, b));
+      _mm512_storeu_si512(out + ((2 * c + 1) * TILE_ROWS + pair) * 32, _mm512_unpackhi_epi16(a, b));
+    }
 }
 
 // Per-thread buffers of attend_item_tiles, sized for the largest item.
@@ -547,16 +563,7 @@ void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, 
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.p.data() + lane * 32), (__m256i)_mm512_cvtneps_pbh(p[lane]));
       }
       for (int64_t g = 0; g < in_group; ++g) {
-        // V's keys t and t + 1 side by side in each dim's column; keys past the context are zeros.
-        const c10::BFloat16* vg = v + base + g * c_s2;
-        for (int64_t pair = 0; pair < unit / 2; ++pair)
-          for (int64_t c = 0; c < CHUNKS; ++c) {
-            const __m512i zero = _mm512_setzero_si512();
-            const __m512i a = 2 * pair < n ? _mm512_loadu_si512(vg + 2 * pair * c_s1 + 32 * c) : zero;
-            const __m512i b = 2 * pair + 1 < n ? _mm512_loadu_si512(vg + (2 * pair + 1) * c_s1 + 32 * c) : zero;
-            _mm512_storeu_si512(buf.v.data() + ((2 * c) * TILE_ROWS + pair) * 32, _mm512_unpacklo_epi16(a, b));
-            _mm512_storeu_si512(buf.v.data() + ((2 * c + 1) * TILE_ROWS + pair) * 32, _mm512_unpackhi_epi16(a, b));
-          }
+        pack_values<HEAD_DIM>(v + base + g * c_s2, c_s1, n, unit, buf.v.data());
         _tile_loadd(4, buf.p.data() + g * per_head * 32, 64);
         for (int64_t t = 0; t < DIM_TILES; t += 2) {  // O = P . V of head g, two accumulators in turn
           _tile_zero(6);
@@ -588,6 +595,115 @@ void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, 
     }
   }
 }
+
+// Items of more than 16 rows per KV head (short prompts: a suffix after a prefix-cache hit) on tiles, in two passes
+// per head and tile of 16 rows instead of an online softmax: scores for every key the rows see (S^T, a unit of keys
+// after another with nothing between them), one softmax down the lanes over all of them, then O = P . V with the
+// values of every unit summed in the accumulator tiles. The head's V is packed once for all its row tiles.
+struct RowScratch {
+  std::vector<c10::BFloat16> qt, p, v;  // Q^T of a row tile; P rows over every key; V of every unit, packed
+  std::vector<float> s, o;              // S^T over every key; O of the row tile
+};
+
+template <int64_t HEAD_DIM>
+void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, int64_t q_s0, int64_t q_s1,
+                       const c10::BFloat16* k, const c10::BFloat16* v, int64_t c_s0, int64_t c_s1, int64_t c_s2,
+                       const int32_t* tables, int64_t t_s0, int64_t block_size, int64_t unit, int64_t group,
+                       float scale, c10::BFloat16* out, int64_t o_s0, int64_t o_s1) {
+  constexpr int64_t CHUNKS = HEAD_DIM / 32, DIM_TILES = HEAD_DIM / 16, QT_TILE = TILE_ROWS * 32;
+  constexpr int64_t V_UNIT = DIM_TILES * TILE_ROWS * 32;
+  const int64_t tokens = it.q_end - it.q_begin, rows = tokens * group, halves = unit / TILE_ROWS;
+  const int64_t visible = it.first_pos + tokens, units = (visible + unit - 1) / unit, keys = units * unit;
+  const int32_t* table = tables + it.seq * t_s0;
+  auto offset = [&](int64_t at, int64_t h) {  // of the unit starting at token `at`, KV head h
+    return static_cast<int64_t>(table[at / block_size]) * c_s0 + (at % block_size) * c_s1 + h * c_s2;
+  };
+  buf.qt.resize(CHUNKS * QT_TILE);
+  buf.p.resize(TILE_ROWS * keys);
+  buf.v.resize(units * V_UNIT);
+  buf.s.resize(keys * TILE_ROWS);
+  buf.o.resize(TILE_ROWS * HEAD_DIM);
+  for (int64_t h = it.kv_begin; h < it.kv_end; ++h) {
+    for (int64_t u = 0; u < units; ++u)
+      pack_values<HEAD_DIM>(v + offset(u * unit, h), c_s1, std::min(unit, visible - u * unit), unit,
+                            buf.v.data() + u * V_UNIT);
+    for (int64_t first = 0; first < rows; first += TILE_ROWS) {
+      const int64_t count = std::min(TILE_ROWS, rows - first);
+      // Q^T: row (d % 32) / 2, column (lane) i, element d % 2; lanes past `count` zeros and masked out.
+      std::fill(buf.qt.begin(), buf.qt.end(), c10::BFloat16(0.f));
+      alignas(64) int32_t positions[16];
+      for (int64_t i = 0; i < TILE_ROWS; ++i) {
+        const int64_t r = first + i;
+        positions[i] = i < count ? static_cast<int32_t>(it.first_pos + r / group) : -1;
+        if (i >= count) continue;
+        const c10::BFloat16* row = q + (it.q_begin + r / group) * q_s0 + (h * group + r % group) * q_s1;
+        for (int64_t d = 0; d < HEAD_DIM; ++d) buf.qt[(d / 32) * QT_TILE + ((d % 32) / 2) * 32 + 2 * i + d % 2] = row[d];
+      }
+      const __m512i lane_pos = _mm512_load_si512(positions);
+      const int64_t seen = it.first_pos + (first + count - 1) / group + 1;  // keys the tile's last row sees
+      const int64_t seen_units = (seen + unit - 1) / unit;
+      for (int64_t u = 0; u < seen_units; ++u) {  // pass 1: S^T for every unit the tile sees
+        const c10::BFloat16* kh = k + offset(u * unit, h);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t c = 0; c < CHUNKS; ++c) {
+          _tile_loadd(1, buf.qt.data() + c * QT_TILE, 64);
+          _tile_loadd(0, kh + 32 * c, c_s1 * 2);
+          _tile_dpbf16ps(2, 0, 1);
+          if (halves == 2) {
+            _tile_loadd(0, kh + TILE_ROWS * c_s1 + 32 * c, c_s1 * 2);
+            _tile_dpbf16ps(3, 0, 1);
+          }
+        }
+        _tile_stored(2, buf.s.data() + u * unit * TILE_ROWS, 64);
+        if (halves == 2) _tile_stored(3, buf.s.data() + (u * unit + TILE_ROWS) * TILE_ROWS, 64);
+      }
+      // Pass 2: the softmax down the lanes over every key (key t counts where t <= the lane's position).
+      const int64_t seen_keys = seen_units * unit;
+      auto sees = [&](int64_t t) { return _mm512_cmpge_epi32_mask(lane_pos, _mm512_set1_epi32(static_cast<int32_t>(t))); };
+      fvec max = vset(-1e30f), sum = vzero();
+      for (int64_t t = 0; t < seen; ++t)
+        max = _mm512_mask_max_ps(max, sees(t), max, vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale)));
+      for (int64_t t0 = 0; t0 < seen_keys; t0 += TILE_ROWS) {
+        __m512 p[TILE_ROWS];
+        for (int64_t j = 0; j < TILE_ROWS; ++j) {
+          const int64_t t = t0 + j;
+          const fvec x = vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale));
+          p[j] = _mm512_maskz_mov_ps(t < seen ? sees(t) : 0,
+                                     vexp2_bounded(vmax(vmul(vsub(x, max), vset(LOG2_E)), vset(-126.f))));
+          sum = vadd(sum, p[j]);
+        }
+        transpose16(p);  // p[lane][key t0 + j]
+        for (int64_t i = 0; i < TILE_ROWS; ++i)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.p.data() + i * keys + t0), (__m256i)_mm512_cvtneps_pbh(p[i]));
+      }
+      // Pass 3: O = P . V over every unit seen, two dim tiles a time accumulating across units.
+      for (int64_t t = 0; t < DIM_TILES; t += 2) {
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int64_t u = 0; u < seen_units; ++u) {
+          _tile_loadd(4, buf.p.data() + u * unit, keys * 2);
+          _tile_loadd(5, buf.v.data() + u * V_UNIT + t * TILE_ROWS * 32, 64);
+          _tile_dpbf16ps(6, 4, 5);
+          _tile_loadd(5, buf.v.data() + u * V_UNIT + (t + 1) * TILE_ROWS * 32, 64);
+          _tile_dpbf16ps(7, 4, 5);
+        }
+        _tile_stored(6, buf.o.data() + t * 16, HEAD_DIM * 4);
+        _tile_stored(7, buf.o.data() + (t + 1) * 16, HEAD_DIM * 4);
+      }
+      alignas(64) float sums[16];
+      vstore(sums, sum);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = first + i;
+        const float inv = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+        c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + (h * group + r % group) * o_s1;
+        for (int64_t tile = 0; tile < DIM_TILES; ++tile)
+          for (int64_t col = 0; col < 16; ++col)
+            o[tile_dim(tile, col)] = static_cast<c10::BFloat16>(buf.o[i * HEAD_DIM + tile * 16 + col] * inv);
+      }
+    }
+  }
+}
 #else
 constexpr bool AMX_ATTENTION = false;
 #endif
@@ -597,13 +713,13 @@ constexpr bool AMX_ATTENTION = false;
 // here, for every sequence, what would otherwise read out of bounds: a context needing more blocks than the table
 // has columns (raised as ValueError in Python), before anything is written.
 std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& query_start_loc, int64_t kv_heads,
-                       int64_t group, int64_t block_size, int64_t table_width, int64_t threads) {
+                       int64_t group, int64_t block_size, int64_t table_width, int64_t threads, int64_t prompt_min) {
   const auto* ctx = context_lens.data_ptr<int32_t>();
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   int64_t tiles = 0;
   for (int64_t s = 0; s < context_lens.size(0); ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
-    if (q_len < PROMPT_MIN_QUERY) tiles += (q_len + TILE_Q - 1) / TILE_Q;
+    if (q_len < prompt_min) tiles += (q_len + TILE_Q - 1) / TILE_Q;
   }
   const int64_t heads_per_item = tiles >= WHOLE_HEADS_PER_THREAD * threads ? kv_heads : 1;
   std::vector<Item> items;
@@ -612,7 +728,7 @@ std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& q
     TORCH_CHECK_VALUE((context + block_size - 1) / block_size <= table_width, "block_tables has ", table_width,
                       " columns but a context of ", context, " tokens needs ", (context + block_size - 1) / block_size,
                       " blocks");
-    if (q_len >= PROMPT_MIN_QUERY) continue;
+    if (q_len >= prompt_min) continue;
     for (int64_t q0 = 0; q0 < q_len; q0 += TILE_Q) {
       const int64_t q1 = std::min(q_len, q0 + TILE_Q);
       const int64_t first_pos = context - q_len + q0;
@@ -656,14 +772,19 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
                      double scale) {
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
+  // bfloat16 items run on AMX tiles where the OS grants them (blocks of 16 rows or a multiple: their unit of keys),
+  // and then take prompts of up to TILE_MIN_PROMPT new rows too.
+  const bool tiles = AMX_ATTENTION && query.scalar_type() == at::kBFloat16 && (head_dim == 64 || head_dim == 128) &&
+                     block_size % 16 == 0 && tiled_weights_available();
+  const int64_t prompt_min = tiles ? TILE_MIN_PROMPT : PROMPT_MIN_QUERY;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
-                                       block_tables.size(1), at::get_num_threads());
+                                       block_tables.size(1), at::get_num_threads(), prompt_min);
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   const auto* contexts = context_lens.data_ptr<int32_t>();
   std::vector<std::pair<double, int64_t>> prompts;  // (cost, sequence), costliest first
   for (int64_t s = 0; s < context_lens.size(0); ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
-    if (q_len >= PROMPT_MIN_QUERY) prompts.emplace_back(static_cast<double>(q_len) * contexts[s], s);
+    if (q_len >= prompt_min) prompts.emplace_back(static_cast<double>(q_len) * contexts[s], s);
   }
   std::sort(prompts.begin(), prompts.end(), std::greater<>());
   auto attend_prompt = [&](int64_t s) {
@@ -697,12 +818,10 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
       constexpr BlockRead read = block_read<scalar_t, HEAD_DIM>();
       constexpr bool tile_type = AMX_ATTENTION && std::is_same_v<scalar_t, c10::BFloat16> && HEAD_DIM > 0 &&
                                  HEAD_DIM % 32 == 0;
-      // Items whose rows per KV head fit a tile go to attend_item_tiles where AMX is granted (blocks of 16 rows or
-      // a multiple: its unit of keys); the rest, and every item elsewhere, to attend_item.
+      // On tiles, items whose rows per KV head fit one tile go to attend_item_tiles, the others (short prompts) to
+      // attend_rows_tiles; elsewhere every item to attend_item.
       const int64_t unit = block_size % 32 == 0 ? 32 : 16;
-      const bool tiles = tile_type && block_size % 16 == 0 && tiled_weights_available();
-      auto on_tiles = [&](const Item& it) { return tiles && (it.q_end - it.q_begin) * group <= TILE_ROWS; };
-      const bool all_tiles = std::all_of(items.begin(), items.end(), on_tiles);
+      const bool all_tiles = tile_type && tiles;
       // Only a copied read tells shared blocks from private ones; the other reads never look.
       const std::vector<uint8_t> shared = read == BlockRead::copied && !all_tiles
           ? shared_blocks(block_tables, context_lens, block_size, key_cache.size(0)) : std::vector<uint8_t>();
@@ -711,19 +830,28 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
         Scratch buf(all_tiles ? 0 : TILE_Q * group * item_heads, block_size, item_heads, head_dim, read);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
         TileScratch tile_buf(tiles ? item_heads : 0, HEAD_DIM > 0 ? HEAD_DIM : 32);
+        RowScratch row_buf;
         HeadGroup configured{0, 0};  // the shape the thread's tiles are configured for (none yet)
 #endif
         for (int64_t w = begin; w < end; ++w) {
           for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
             if constexpr (tile_type) {
-              if (on_tiles(items[i])) {
+              if (all_tiles) {
                 const int64_t per_head = (items[i].q_end - items[i].q_begin) * group;
-                const HeadGroup shape{per_head, std::min(item_heads, TILE_ROWS / per_head)};
+                const HeadGroup shape = per_head <= TILE_ROWS
+                    ? HeadGroup{per_head, std::min(item_heads, TILE_ROWS / per_head)} : HeadGroup{TILE_ROWS, 1};
                 if (shape.per_head != configured.per_head || shape.heads != configured.heads) {
                   const AttentionTiles config(shape, unit);
                   _tile_loadconfig(&config);
                   configured = shape;
+                }
+                if (per_head > TILE_ROWS) {
+                  attend_rows_tiles<HEAD_DIM>(items[i], row_buf, q, query.stride(0), query.stride(1), k, v,
+                                              key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), tables,
+                                              block_tables.stride(0), block_size, unit, group,
+                                              static_cast<float>(scale), o, out.stride(0), out.stride(1));
+                  continue;
                 }
                 attend_item_tiles<HEAD_DIM>(items[i], tile_buf, shape, q, query.stride(0), query.stride(1), k, v,
                                             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), tables,

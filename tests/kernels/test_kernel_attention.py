@@ -211,9 +211,10 @@ def test_cpu_kernels_refuse_a_block_table_too_narrow_for_its_context(request, de
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype):
-    """Sequences of >= prompt_min_query() new tokens attend through blocked matmuls: a whole prompt, one after a
-    prefix hit (causal from its offset), one spanning a partial last block, beside short ones and a decode row
-    that stay in the C++ routine, all in one batch."""
+    """Sequences of >= prompt_min_query() new tokens attend through blocked matmuls (bfloat16 where AMX is granted:
+    those under 64 on tiles, in two passes): a whole prompt, one after a prefix hit (causal from its offset), one
+    spanning a partial last block, beside short ones and a decode row that stay in the C++ routine, all in one
+    batch."""
     ops = backend_module(request, device, "cpu")
     long = ops.prompt_min_query()
     query_lens = [long, long + 9, 1, 3, 2 * long + 5]
