@@ -293,13 +293,17 @@ class StreamingEngine:
         return True
 
     def _refresh_metrics(self, force: bool = False) -> None:
-        """Counters after every step; the per-block map (O(blocks)) at most every BLOCK_MAP_INTERVAL_S."""
+        """Counters after every step; the per-block map (O(blocks)) at most every BLOCK_MAP_INTERVAL_S. Between
+        rebuilds the last map goes on with its own step's block tables (`sequences`): a reader that found the map
+        without them kept its older pair, so a dashboard sampling every 250 ms could miss a whole generation."""
         now = time.monotonic()
         if force or now - self._block_map_time >= self.BLOCK_MAP_INTERVAL_S:
             self._metrics = self.engine.metrics()
             self._block_map_time = now
         else:
-            self._metrics = {**self.engine.metrics(block_map=False), "block_map": self._metrics["block_map"]}
+            last = self._metrics
+            self._metrics = {**self.engine.metrics(block_map=False), "block_map": last["block_map"],
+                             "sequences": last["sequences"]}
 
     def _check_integrity(self) -> None:
         try:

@@ -138,3 +138,22 @@ def test_background_calls_take_a_small_share_of_a_busy_loop(engine):
     assert 0 < during <= share * busy_s + engine.BACKGROUND_BURST_S + cost_s
     assert stream.final.outputs[0].finish_reason == "length"
     assert idle(engine)
+
+
+def test_metrics_keep_the_block_map_with_its_tables_between_rebuilds(engine):
+    """The map is rebuilt every ~100 ms while busy and carried over between; its block tables (`sequences`) must
+    go with it, or a dashboard sampling a few times a second sees the map of a running batch only by luck."""
+    params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=64, ignore_eos=True)
+    stream = engine.add_request(ORACLE_PROMPTS[2], params)
+    reader = threading.Thread(target=collect, args=(stream,))
+    reader.start()
+    samples = []
+    while reader.is_alive():
+        samples.append(engine.metrics())
+        time.sleep(0.005)
+    reader.join()
+    busy = [m for m in samples if m["num_requests_running"]]
+    assert busy and all("sequences" in m for m in busy)
+    assert any(m["sequences"] and m["num_blocks_shared"] for m in busy)
+    assert idle(engine)
+
