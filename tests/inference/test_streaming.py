@@ -144,7 +144,8 @@ def test_metrics_keep_the_block_map_with_its_tables_between_rebuilds(engine):
     """The map is rebuilt every ~100 ms while busy and carried over between; its block tables (`sequences`) must
     go with it, or a dashboard sampling a few times a second sees the map of a running batch only by luck."""
     params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=64, ignore_eos=True)
-    stream = engine.add_request(ORACLE_PROMPTS[2], params)
+    prompt = " ".join(ORACLE_PROMPTS) * 2  # several full blocks, which the two samples share
+    stream = engine.add_request(prompt, params)
     reader = threading.Thread(target=collect, args=(stream,))
     reader.start()
     samples = []
@@ -154,6 +155,6 @@ def test_metrics_keep_the_block_map_with_its_tables_between_rebuilds(engine):
     reader.join()
     busy = [m for m in samples if m["num_requests_running"]]
     assert busy and all("sequences" in m for m in busy)
-    assert any(m["sequences"] and m["num_blocks_shared"] for m in busy)
+    assert any(len(m["sequences"]) == 2 and m["num_blocks_shared"] for m in busy)
     assert idle(engine)
 
