@@ -89,6 +89,10 @@ class BlockPool:
     `free_block_queue` holds every block with ref count 0, in eviction order: never-used and uncached
     blocks at the front (handed out first), cached blocks appended at the back when released, so the
     least recently released cached block is evicted first.
+
+    `num_cached_blocks` (ref count 0 and hashed) and `num_shared_blocks` (ref count > 1) are kept as counters
+    at every transition, so figures sampled every step cost nothing per block: a GPU pool holds hundreds of
+    thousands. `BlockManager.check_integrity` recounts both.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool, events: EventLog | None = None) -> None:
@@ -98,6 +102,8 @@ class BlockPool:
         self.free_block_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached_block_hash_to_block: dict[int, int] = {}
         self.num_evictions = 0
+        self.num_cached_blocks = 0
+        self.num_shared_blocks = 0
 
     @property
     def num_blocks(self) -> int:
@@ -109,8 +115,9 @@ class BlockPool:
         return len(self.free_block_queue)
 
     @property
-    def num_cached_blocks(self) -> int:
-        return sum(1 for b in self.free_block_queue if self.blocks[b].block_hash is not None)
+    def num_used_blocks(self) -> int:
+        """Blocks with ref count >= 1: every other block is in the free queue."""
+        return len(self.blocks) - len(self.free_block_queue)
 
     def get_new_block(self) -> int:
         block_id, _ = self.free_block_queue.popitem(last=False)
@@ -126,16 +133,23 @@ class BlockPool:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self.free_block_queue[block_id]
+            self.num_cached_blocks -= block.block_hash is not None
+        elif block.ref_count == 1:
+            self.num_shared_blocks += 1
         block.ref_count += 1
 
     def release(self, block_id: int) -> None:
         block = self.blocks[block_id]
         _check(block.ref_count > 0, f"block {block_id} released with ref count {block.ref_count}")
         block.ref_count -= 1
-        if block.ref_count == 0:
+        if block.ref_count == 1:
+            self.num_shared_blocks -= 1
+        elif block.ref_count == 0:
             self.free_block_queue[block_id] = None
             if block.block_hash is None:
                 self.free_block_queue.move_to_end(block_id, last=False)
+            else:
+                self.num_cached_blocks += 1
 
     def lookup(self, block_hash: int, key: BlockKey) -> int | None:
         """The cached block with this hash whose K/V were computed from exactly `key`, or None."""
@@ -157,6 +171,7 @@ class BlockPool:
         if not self.enable_caching or block_hash in self.cached_block_hash_to_block:
             return False
         block = self.blocks[block_id]
+        self.num_cached_blocks += block.ref_count == 0 and block.block_hash is None
         block.block_hash, block.key = block_hash, key
         self.cached_block_hash_to_block[block_hash] = block_id
         if self.events.enabled:
@@ -170,6 +185,7 @@ class BlockPool:
             block = self.blocks[block_id]
             del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash, block.key = None, None
+            self.num_cached_blocks -= block.ref_count == 0
         if block_ids and self.events.enabled:
             self.events.emit(CacheReset, block_ids=tuple(block_ids))
 
@@ -179,6 +195,7 @@ class BlockPool:
         del self.cached_block_hash_to_block[block.block_hash]
         block.block_hash, block.key = None, None
         self.num_evictions += 1
+        self.num_cached_blocks -= 1
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block with ref count 0 (blocks in use keep their hash). Returns how many."""
@@ -190,6 +207,7 @@ class BlockPool:
                 block.block_hash, block.key = None, None
                 self.free_block_queue.move_to_end(block_id, last=False)
                 dropped.append(block_id)
+        self.num_cached_blocks -= len(dropped)
         if dropped and self.events.enabled:
             self.events.emit(CacheReset, block_ids=tuple(dropped))
         return len(dropped)
@@ -442,5 +460,9 @@ class BlockManager:
         used = sum(1 for b in pool.blocks if b.ref_count > 0)
         _check(used + pool.num_free_blocks == pool.num_blocks,
                f"{used} used + {pool.num_free_blocks} free/cached blocks != {pool.num_blocks} total")
+        cached = sum(1 for b in pool.blocks if b.ref_count == 0 and b.block_hash is not None)
+        _check(pool.num_cached_blocks == cached, f"cached-block count {pool.num_cached_blocks}, recounted {cached}")
+        shared = sum(1 for b in pool.blocks if b.ref_count > 1)
+        _check(pool.num_shared_blocks == shared, f"shared-block count {pool.num_shared_blocks}, recounted {shared}")
         _check(not self.pending_copies, "copy-on-write copies left unexecuted")
         _check(not self.promised, "blocks promised to the prefix cache for a step that never ran")

@@ -268,7 +268,7 @@ class LLMEngine:
         if len(state.pending) < len(live):
             return False  # a preempted beam is still catching up
         request.forked = True
-        scores = torch.tensor([state.scores[s.seq_id] for s in live])
+        scores = torch.tensor([state.scores[s.seq_id] for s in live], device=logits.device)
         stacked = torch.stack([state.pending.pop(s.seq_id) for s in live])
         continuations = advance(state, [s.output_token_ids for s in live], scores, stacked,
                                 request.eos_token_id)
@@ -407,7 +407,7 @@ class LLMEngine:
     def check_integrity(self) -> None:
         """Check every block-accounting invariant (DESIGN.md), raising `IntegrityError`; cheap between steps."""
         self.block_manager.check_integrity(self.live_sequences())
-        if not self.requests and any(b.ref_count for b in self.block_manager.pool.blocks):
+        if not self.requests and self.block_manager.pool.num_used_blocks:
             raise IntegrityError("idle engine holds blocks")
 
     def reset_prefix_cache(self) -> int:
@@ -425,8 +425,7 @@ class LLMEngine:
                     owners[block_id].append(seq.request_id)
                 tokens = min(bs, seq.num_computed_tokens - i * bs)
                 filled[block_id] = max(filled.get(block_id, 0), tokens)
-        num_used = sum(1 for b in pool.blocks if b.ref_count > 0)
-        num_cached = pool.num_cached_blocks
+        num_used, num_cached = pool.num_used_blocks, pool.num_cached_blocks
         queries, hits = self.scheduler.prefix_cache_queries, self.scheduler.prefix_cache_hits
         figures = {
             "block_size": bs,
@@ -434,7 +433,7 @@ class LLMEngine:
             "num_blocks_used": num_used,
             "num_blocks_free": pool.num_blocks - num_used - num_cached,
             "num_blocks_cached": num_cached,
-            "num_blocks_shared": sum(1 for b in pool.blocks if b.ref_count > 1),
+            "num_blocks_shared": pool.num_shared_blocks,
             "kv_cache_usage": num_used / pool.num_blocks,
             "kv_slot_utilization": sum(filled.values()) / (num_used * bs) if num_used else 1.0,
             "num_requests_running": len({s.request_id for s in self.scheduler.running}),

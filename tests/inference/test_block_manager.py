@@ -85,10 +85,12 @@ def test_lru_eviction_evicts_least_recently_freed_and_deepest_first():
     run_chunk(bm, a, 5)  # blocks 0, 1 full and cached, block 2 partial
     bm.free(a)
     assert list(bm.pool.free_block_queue) == [2, 3, 1, 0]  # uncached first, then deepest cached first
+    assert (bm.pool.num_cached_blocks, bm.pool.num_used_blocks) == (2, 0)
     b = make_seq([9, 9, 9, 9, 9, 9, 9])
     run_chunk(bm, b, 7)  # needs 4 blocks: takes the two uncached ones, then evicts 1, then 0
     assert b.block_table == [2, 3, 1, 0]
     assert bm.pool.num_evictions == 2
+    assert (bm.pool.num_cached_blocks, bm.pool.num_used_blocks) == (0, 4)
     assert bm.find_cached_prefix(make_seq([1, 2, 3, 4, 5])) == []
     bm.check_integrity([b])
 
@@ -101,6 +103,7 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_block():
     bm.fork(parent, child)
     assert child.block_table == parent.block_table == [0, 1]
     assert [bm.pool.blocks[b].ref_count for b in (0, 1)] == [2, 2]
+    assert bm.pool.num_shared_blocks == 2
 
     parent.token_ids.append(50)
     assert bm.allocate(parent, 1)  # writes into shared block 1: copy on write
@@ -113,10 +116,21 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_block():
     assert bm.take_pending_copies() == []
     child.num_computed_tokens += 1
     assert bm.num_cow_copies == 1
+    assert bm.pool.num_shared_blocks == 1  # block 0 only
     bm.check_integrity([parent, child])
     bm.free(parent)
     bm.free(child)
+    assert (bm.pool.num_shared_blocks, bm.pool.num_used_blocks, bm.pool.num_cached_blocks) == (0, 0, 1)
     bm.check_integrity([])
+
+
+def test_integrity_check_catches_a_wrong_block_count():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    seq = make_seq([1, 2, 3])
+    run_chunk(bm, seq, 3)
+    bm.pool.num_shared_blocks += 1
+    with pytest.raises(IntegrityError, match="shared-block count 1, recounted 0"):
+        bm.check_integrity([seq])
 
 
 def test_release_below_zero_is_caught():
@@ -132,7 +146,9 @@ def test_reset_prefix_cache_forgets_only_unused_blocks():
     gone = make_seq([7, 8, 9], request_id="gone")
     run_chunk(bm, gone, 3)
     bm.free(gone)
+    assert bm.pool.num_cached_blocks == 1
     assert bm.pool.reset_prefix_cache() == 1
+    assert bm.pool.num_cached_blocks == 0
     assert bm.find_cached_prefix(make_seq([7, 8, 9])) == []
     assert len(bm.find_cached_prefix(make_seq([1, 2, 3, 4, 5]))) == 2
     bm.check_integrity([kept])
