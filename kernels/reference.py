@@ -24,9 +24,15 @@ __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefi
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
-    """Write each token's K/V (``[num_tokens, kv_heads, head_dim]``) into its slot, in place; slot -1 skips."""
+    """Write each token's K/V (``[num_tokens, kv_heads, head_dim]``) into its slot, in place; slot -1 skips.
+
+    A slot past the cache raises IndexError before anything is written: on CUDA an out-of-range
+    ``index_copy_`` is a device-side assert, which leaves the process's CUDA context unusable."""
     validation.check_cache_pair(key_cache, value_cache)
     validation.check_new_kv(key, value, key_cache, slot_mapping)
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if slot_mapping.numel() and bool((slot_mapping >= num_slots).any()):
+        raise IndexError(f"slot_mapping holds a slot past the cache's {num_slots} slots")
     keep = slot_mapping >= 0
     slots = slot_mapping.long()
     if not bool(keep.all()):
