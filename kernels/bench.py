@@ -1,11 +1,11 @@
-"""The prepared GPU check for the kernels: ``python -m kernels.bench`` (under 8 minutes on one GPU).
+"""The kernels' GPU check: ``python -m kernels.bench`` (a minute or two on one GPU).
 
 On CUDA it (1) runs the kernel tests on the GPU, (2) times paged decode attention (batch 64 x context 4096
 and a few other shapes) and one varlen prefill with ``triton.testing.do_bench`` against the torch reference
 (a block gather, then batched matmuls for decode or one SDPA per sequence for prefill) and SDPA over a
 contiguous cache holding the same data, (3) reports achieved bandwidth (K/V bytes read / time) against the
-measured device-to-device copy bandwidth, (4) runs an end-to-end engine
-throughput check through ``inference.LLM`` when the model is available, and prints the table last.
+measured device-to-device copy bandwidth, and prints the table last. The whole GPU run, with the engine's
+oracle and throughput on the device, is ``python -m inference.bench.gpu_suite``, which calls this.
 
 Without CUDA (or with ``--cpu-smoke``) it runs the same pipeline on tiny shapes, timing with
 ``time.perf_counter``; Triton then runs only under ``TRITON_INTERPRET=1``. The kernel tests exercise this path.
@@ -14,8 +14,8 @@ Without CUDA (or with ``--cpu-smoke``) it runs the same pipeline on tiny shapes,
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
+import importlib.util
 import math
 import os
 import statistics
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -77,8 +77,20 @@ class Row:
     kv_bytes: int
     max_error: float | None
 
+    @property
+    def triton_gbps(self) -> float | None:
+        """K/V bytes the Triton kernel read per second (GB/s)."""
+        return self.kv_bytes / (self.triton_ms * 1e6) if self.triton_ms else None
+
+    def as_dict(self, copy_gbps: float) -> dict:
+        """The row with its derived figures, for the GPU suite's JSON."""
+        gbps = self.triton_gbps
+        return {**asdict(self), "triton_gbps": gbps, "share_of_copy_bandwidth": gbps and gbps / copy_gbps,
+                "speedup_vs_reference": self.triton_ms and self.reference_ms / self.triton_ms,
+                "speedup_vs_contiguous_sdpa": self.triton_ms and self.contiguous_ms / self.triton_ms}
+
     def cells(self, copy_gbps: float) -> list[str]:
-        gbps = self.kv_bytes / (self.triton_ms * 1e6) if self.triton_ms else None
+        gbps = self.triton_gbps
         return [self.label, _fmt(self.triton_ms, "{:.3f}"), f"{self.reference_ms:.3f}", f"{self.contiguous_ms:.3f}",
                 _fmt(self.triton_ms and self.reference_ms / self.triton_ms, "{:.1f}x"), _fmt(gbps, "{:.0f}"),
                 _fmt(gbps and 100 * gbps / copy_gbps, "{:.0f}%"), _fmt(self.max_error, "{:.1e}")]
@@ -88,40 +100,67 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the kernel tests first")
-    parser.add_argument("--skip-engine", action="store_true", help="skip the end-to-end engine throughput check")
     parser.add_argument("--full-tests", action="store_true", help="also run the tests marked slow")
     args = parser.parse_args(argv)
     on_gpu = torch.cuda.is_available() and not args.cpu_smoke
-    device = torch.device("cuda" if on_gpu else "cpu")
     started = time.perf_counter()
     notes = [f"device: {torch.cuda.get_device_name() if on_gpu else 'cpu (smoke run, tiny shapes)'}"]
-
     if not args.skip_tests:
-        notes.append(run_kernel_tests(on_gpu, args.full_tests))
-    triton_ops = _triton_ops(device)
-    if triton_ops is None:
-        notes.append("triton: not run (needs CUDA, or TRITON_INTERPRET=1 on the CPU)")
-    copy_gbps = copy_bandwidth(device, (1 << 30) if on_gpu else (1 << 22))
-    rows = [bench_attention(shape, device, triton_ops) for shape in (GPU_SHAPES if on_gpu else CPU_SHAPES)]
-    if not args.skip_engine:
-        notes.extend(engine_throughput(on_gpu))
-    notes.append(f"measured device-to-device copy bandwidth: {copy_gbps:.0f} GB/s (bytes read + written)")
-    notes.append(f"total bench time: {time.perf_counter() - started:.0f} s")
+        notes.append(run_kernel_tests(on_gpu, args.full_tests).line)
+    rows, copy_gbps, note = attention_table(on_gpu)
+    notes += [*note, f"measured device-to-device copy bandwidth: {copy_gbps:.0f} GB/s (bytes read + written)",
+              f"total bench time: {time.perf_counter() - started:.0f} s"]
     print_table(rows, copy_gbps, notes)
     return 0
 
 
-def run_kernel_tests(on_gpu: bool, full: bool) -> str:
-    """The kernel tests in a subprocess: compiled on the GPU (TRITON_INTERPRET=0), interpreted on the CPU."""
-    env = {**os.environ, "TRITON_INTERPRET": "0" if on_gpu else "1", "PYTHONPATH": str(REPO)}
+def attention_table(on_gpu: bool) -> tuple[list[Row], float, list[str]]:
+    """Every shape of the device's list timed (`bench_attention`), the copy bandwidth, and a note where Triton
+    could not run."""
+    device = torch.device("cuda" if on_gpu else "cpu")
+    triton_ops = _triton_ops(device)
+    notes = [] if triton_ops else ["triton: not run (needs CUDA, or TRITON_INTERPRET=1 on the CPU)"]
+    copy_gbps = copy_bandwidth(device, (1 << 30) if on_gpu else (1 << 22))
+    rows = [bench_attention(shape, device, triton_ops) for shape in (GPU_SHAPES if on_gpu else CPU_SHAPES)]
+    return rows, copy_gbps, notes
+
+
+@dataclass
+class KernelTestRun:
+    """The kernel tests' outcome: where they ran, pytest's exit code and its last line (the counts)."""
+
+    where: str
+    returncode: int
+    summary: str
+
+    @property
+    def line(self) -> str:
+        return f"kernel tests ({self.where}): {self.summary}"
+
+
+def run_kernel_tests(on_gpu: bool, full: bool, timeout_s: float = 900) -> KernelTestRun:
+    """The kernel tests in a subprocess: compiled on the GPU (TRITON_INTERPRET=0), interpreted on the CPU.
+
+    On the GPU, pytest-xdist (where installed) spreads them over 8 workers: compiling each test's kernel
+    variants is most of their time there, and compiles run on the host's cores. Past `timeout_s` the run is
+    stopped and reported as such (a GPU lease is minutes long; the figures after the tests still matter)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "0" if on_gpu else "1", "PYTHONPATH": path}
     tests = REPO / "tests" / "kernels"
     command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider",
                "--ignore", str(tests / "test_kernel_bench.py"), *([] if full else ["-m", "not slow"])]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if on_gpu and importlib.util.find_spec("xdist") is not None:
+        command += ["-n", "8"]
+    where = "GPU" if on_gpu else "CPU interpreter"
+    try:
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        print(exc.stdout[-6000:] if isinstance(exc.stdout, str) else (exc.stdout or b"")[-6000:].decode())
+        return KernelTestRun(where, -1, f"stopped after {timeout_s:.0f} s")
     summary = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
     if result.returncode != 0:
         print(result.stdout[-6000:], result.stderr[-2000:], sep="\n")
-    return f"kernel tests ({'GPU' if on_gpu else 'CPU interpreter'}): {summary}"
+    return KernelTestRun(where, result.returncode, summary)
 
 
 def bench_attention(shape: Shape, device: torch.device, triton_ops: ModuleType | None) -> Row:
@@ -198,41 +237,6 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     dst = torch.empty_like(src)
     ms = measure(lambda: dst.copy_(src), device)
     return 2 * nbytes / (ms * 1e6)
-
-
-def engine_throughput(on_gpu: bool) -> list[str]:
-    """Greedy generation through ``inference.LLM`` with each backend: tokens/s and whether outputs agree."""
-    try:
-        from inference import LLM, SamplingParams
-    except ImportError as exc:
-        return [f"engine throughput: skipped (inference not importable: {exc})"]
-    prompts = [f"Write a short story about the number {i}." for i in range(64 if on_gpu else 2)]
-    params = SamplingParams(temperature=0, max_tokens=128 if on_gpu else 4, ignore_eos=True)
-    backends = ["triton", "torch"] if (on_gpu or _interpreting()) else ["torch"]
-    notes, tokens = [], {}
-    for backend in backends:
-        try:
-            llm = LLM(model="smollm2-135m-instruct", attention_backend=backend, max_model_len=1024,
-                      gpu_memory_utilization=0.3)
-            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm up
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-        except Exception as exc:  # the model may be absent on a bare GPU machine: report, don't abort the bench
-            notes.append(f"engine throughput ({backend}): skipped ({type(exc).__name__}: {exc})")
-            continue
-        tokens[backend] = [o.outputs[0].token_ids for o in outputs]
-        generated = sum(len(t) for t in tokens[backend])
-        notes.append(f"engine throughput ({backend}): {len(prompts)} prompts, {generated} tokens in {elapsed:.2f} s "
-                     f"= {generated / elapsed:.1f} tok/s")
-        del llm
-        gc.collect()
-        if on_gpu:
-            torch.cuda.empty_cache()
-    if len(tokens) == 2:
-        same = sum(a == b for a, b in zip(tokens["triton"], tokens["torch"]))
-        notes.append(f"engine greedy outputs identical across backends: {same}/{len(prompts)}")
-    return notes
 
 
 def print_table(rows: list[Row], copy_gbps: float, notes: list[str]) -> None:

@@ -15,7 +15,7 @@ def table_rows(output: str) -> list[list[str]]:
 
 
 def test_cpu_smoke_prints_a_table_with_triton_timed_and_correct(capsys, triton_ops):
-    assert bench.main(["--cpu-smoke", "--skip-tests", "--skip-engine"]) == 0
+    assert bench.main(["--cpu-smoke", "--skip-tests"]) == 0
     output = capsys.readouterr().out
     rows = table_rows(output)
     assert rows[0][:2] == ["shape", "triton ms"]
@@ -30,8 +30,8 @@ def test_cpu_smoke_prints_a_table_with_triton_timed_and_correct(capsys, triton_o
 
 
 @pytest.mark.slow
-def test_cpu_smoke_runs_kernel_tests_and_engine_check(capsys):
+def test_cpu_smoke_runs_the_kernel_tests(capsys):
     assert bench.main(["--cpu-smoke"]) == 0
     output = capsys.readouterr().out
     assert re.search(r"kernel tests \(CPU interpreter\): \d+ passed", output)
-    assert "engine throughput (torch):" in output
+    assert "failed" not in output

@@ -26,18 +26,23 @@ COUNTER_KEYS = ("num_preemptions", "prefix_cache_hit_rate", "prompt_tokens_compu
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The shared budget: every engine gets the same KV slots, sequence limit and model."""
+    """The shared budget: every engine gets the same KV slots, sequence limit and model.
+
+    `kv_budget_tokens=None` lets our engine size its pool itself (on CUDA by `gpu_memory_utilization`); the
+    caller then sets the budget the peers get from the blocks it took (inference/bench/gpu_suite.py).
+    """
 
     model_path: Path
     geometry: KVGeometry
     block_size: int = 16
-    kv_budget_tokens: int = 16384
+    kv_budget_tokens: int | None = 16384
     max_model_len: int = 2048
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     seed: int = 0
     threads: int | None = None  # torch threads; None leaves torch's default
     dtype: str = "float32"  # weights, activations and KV of ours and the HF engines (llama.cpp keeps its GGUF)
+    device: str = "cpu"  # where ours and the HF engines run; the other peers are CPU programs
 
 
 @dataclass

@@ -44,7 +44,8 @@ class StepClock(StoppingCriteria):
 
 
 def load_model(config: RunConfig) -> Any:
-    return AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
+    return model.to(config.device).eval()
 
 
 def reserved_row_len(workload: Workload, config: RunConfig, max_length: bool = False) -> int:
@@ -60,8 +61,8 @@ def static_batch_size(workload: Workload, config: RunConfig, max_length: bool = 
 def generate_padded(model: Any, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> tuple[StepClock, int]:
     """Greedy `generate` over left-padded prompts with EOS ignored; returns the step clock and padded length."""
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     clock = StepClock()
     gen = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=pad_id)
     with torch.inference_mode():

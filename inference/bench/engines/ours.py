@@ -27,10 +27,12 @@ _CUMULATIVE = ("num_preemptions_total", "prefix_cache_queries_total", "prefix_ca
 
 def make_engine(config: RunConfig, enable_prefix_caching: bool = True,
                 quantization: str | None = None) -> LLMEngine:
-    """An engine with exactly the shared KV budget (kv_budget_tokens / block_size blocks), warmed up."""
+    """An engine with exactly the shared KV budget (kv_budget_tokens / block_size blocks; with no budget, the
+    blocks `gpu_memory_utilization` allows), warmed up."""
+    blocks = None if config.kv_budget_tokens is None else config.kv_budget_tokens // config.block_size
     llm = LLM(quantization=quantization,
-        model=str(config.model_path), device="cpu", dtype=config.dtype, block_size=config.block_size,
-        num_kv_blocks=config.kv_budget_tokens // config.block_size, max_model_len=config.max_model_len,
+        model=str(config.model_path), device=config.device, dtype=config.dtype, block_size=config.block_size,
+        num_kv_blocks=blocks, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=enable_prefix_caching, seed=config.seed,
     )
