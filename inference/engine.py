@@ -416,15 +416,6 @@ class LLMEngine:
     def metrics(self, block_map: bool = True) -> dict:
         """A plain dict of live figures; `block_map=False` skips the per-block list for cheap sampling."""
         pool, bs = self.block_manager.pool, self.block_size
-        owners: dict[int, list[str]] = {}
-        filled: dict[int, int] = {}
-        for seq in self.scheduler.running:
-            for i, block_id in enumerate(seq.block_table):
-                owners.setdefault(block_id, [])
-                if seq.request_id not in owners[block_id]:
-                    owners[block_id].append(seq.request_id)
-                tokens = min(bs, seq.num_computed_tokens - i * bs)
-                filled[block_id] = max(filled.get(block_id, 0), tokens)
         num_used, num_cached = pool.num_used_blocks, pool.num_cached_blocks
         queries, hits = self.scheduler.prefix_cache_queries, self.scheduler.prefix_cache_hits
         figures = {
@@ -435,7 +426,7 @@ class LLMEngine:
             "num_blocks_cached": num_cached,
             "num_blocks_shared": pool.num_shared_blocks,
             "kv_cache_usage": num_used / pool.num_blocks,
-            "kv_slot_utilization": sum(filled.values()) / (num_used * bs) if num_used else 1.0,
+            "kv_slot_utilization": self._filled_slots() / (num_used * bs) if num_used else 1.0,
             "num_requests_running": len({s.request_id for s in self.scheduler.running}),
             "num_requests_waiting": len({s.request_id for s in self.scheduler.waiting}
                                         - {s.request_id for s in self.scheduler.running}),
@@ -456,6 +447,12 @@ class LLMEngine:
             "contiguous": self.contiguous_counterfactual(),
         }
         if block_map:
+            owners: dict[int, list[str]] = {}
+            for seq in self.scheduler.running:
+                for block_id in seq.block_table:
+                    holders = owners.setdefault(block_id, [])
+                    if seq.request_id not in holders:
+                        holders.append(seq.request_id)
             # Block tables are snapshotted here, in the engine's thread, so they agree with the block map.
             figures["sequences"] = [
                 {
@@ -478,6 +475,23 @@ class LLMEngine:
                 for b in pool.blocks
             ]
         return figures
+
+
+    def _filled_slots(self) -> int:
+        """Slots of the running sequences' blocks that hold computed tokens, each block counted once however
+        many sequences share it: every block before a sequence's last computed position is full. Cheap (set
+        updates per sequence, not a loop per block), since the bench and the dashboard sample it every step."""
+        bs = self.block_size
+        full: set[int] = set()
+        partial: dict[int, int] = {}
+        for seq in self.scheduler.running:
+            table, computed = seq.block_table, seq.num_computed_tokens
+            num_full = min(len(table), computed // bs)
+            full.update(table[:num_full])
+            if num_full < len(table) and computed > num_full * bs:
+                block_id = table[num_full]
+                partial[block_id] = max(partial.get(block_id, 0), computed - num_full * bs)
+        return bs * len(full) + sum(tokens for block_id, tokens in partial.items() if block_id not in full)
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:

@@ -107,6 +107,9 @@ def test_n4_stores_the_prompt_once_and_copies_on_write():
     assert len({seq.block_table[6] for seq in seqs}) == 4
     assert snapshot["cow_copies_total"] >= 3
     assert snapshot["num_blocks_used"] == 6 + 4
+    assert snapshot["num_blocks_shared"] == 6
+    # Live slots: the 6 shared full blocks once, plus 5 tokens (positions 96-100) in each sample's own block.
+    assert snapshot["kv_slot_utilization"] == (6 * 16 + 4 * 5) / ((6 + 4) * 16)
     assert [(s["index"], s["block_table"], s["context_len"], s["max_len"]) for s in snapshot["sequences"]] == [
         (seq.index, seq.block_table, 101, 108) for seq in sorted(seqs, key=lambda s: s.index)
     ]
