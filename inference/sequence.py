@@ -59,8 +59,8 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    # Incremental detokenisation state (see Detokenizer).
-    prefix_offset: int = 0
+    # Incremental detokenisation state (see Detokenizer): a tokenizers DecodeStream, and the tokens it has read.
+    decode_stream: object | None = None
     read_offset: int = 0
     # Characters of output_text and output tokens already handed to streaming clients.
     num_emitted_chars: int = 0
