@@ -25,6 +25,10 @@ BUILTIN_MODELS: dict[str, tuple[str, str]] = {
 
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 
+# What a converted folder holds besides its weights and config for the tokenizer and the chat template: the files
+# to copy when another model folder borrows this tokenizer (random-weight models in tests and the GPU suite).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
 
 class ModelNotFoundError(ValueError):
     """The model name is neither a built-in model nor a usable local folder."""

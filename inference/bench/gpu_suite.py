@@ -21,6 +21,7 @@ tokenizer files; each random model uses SmolLM2's vocabulary so that tokenizer s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -30,7 +31,7 @@ import subprocess
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,9 @@ from inference.bench import workloads
 from inference.bench.engines import hf_static, ours
 from inference.bench.engines.base import RunConfig
 from inference.bench.kv import KVGeometry
+from inference.model_loader import TOKENIZER_FILES
 from kernels import bench as kernel_bench
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 VOCAB_SIZE = 49152  # SmolLM2's tokenizer, shared by every random model here
 BEAM_WIDTH, BEAM_PROMPTS = 4, 3  # beam search checked on the first prompts, half the greedy length
 KERNEL_TESTS_TIMEOUT_S = 200  # on 8 workers the whole kernel suite compiles and runs well inside this
@@ -219,24 +220,35 @@ def hf_greedy(folder: Path, dtype: torch.dtype, device: torch.device, prompts: l
     return out
 
 
-def ours_greedy(folder: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]],
-                max_tokens: int) -> list[list[int]]:
-    """Our engine's greedy tokens for every prompt in one continuous batch (Triton attention on CUDA, and on the
-    CPU under TRITON_INTERPRET=1)."""
-    from inference import LLM, SamplingParams
+@contextlib.contextmanager
+def our_llm(folder: Path, device: torch.device, dtype: str, prompts: list[list[int]], max_tokens: int,
+            per_prompt: int = 1) -> Iterator[Any]:
+    """Our engine with KV for `per_prompt` sequences of every prompt (plus one of max_model_len), Triton attention
+    on CUDA (and on the CPU under TRITON_INTERPRET=1); on leaving, every block must be free and every ref count
+    exact (`check_integrity`), and its memory is released."""
+    from inference import LLM
 
-    llm = LLM(model=str(folder), device=device.type, dtype=str(dtype).removeprefix("torch."),
-              num_kv_blocks=2048 // 16 + sum(-(-(len(p) + max_tokens) // 16) for p in prompts),
-              max_num_seqs=len(prompts),
+    blocks = 2048 // 16 + per_prompt * sum(-(-(len(p) + max_tokens) // 16) for p in prompts)
+    llm = LLM(model=str(folder), device=device.type, dtype=dtype, num_kv_blocks=blocks,
+              max_num_seqs=per_prompt * len(prompts),
               attention_backend="triton" if device.type == "cuda" or kernel_bench._interpreting() else None)
     try:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        llm.llm_engine.check_integrity()  # every block freed, every ref count exact
+        yield llm
+        llm.llm_engine.check_integrity()
     finally:
         llm.close()
-    del llm
-    _free_device_memory()
+        del llm
+        _free_device_memory()
+
+
+def ours_greedy(folder: Path, dtype: torch.dtype, device: torch.device, prompts: list[list[int]],
+                max_tokens: int) -> list[list[int]]:
+    """Our engine's greedy tokens for every prompt, in one continuous batch."""
+    from inference import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    with our_llm(folder, device, str(dtype).removeprefix("torch."), prompts, max_tokens) as llm:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -262,19 +274,11 @@ def hf_beams(folder: Path, device: torch.device, prompts: list[list[int]], width
 def ours_beams(folder: Path, device: torch.device, prompts: list[list[int]], width: int,
                max_tokens: int) -> list[list[list[int]]]:
     """Our engine's beam search in float32 (beams share their prompt's blocks and fork on the device)."""
-    from inference import LLM, BeamSearchParams
+    from inference import BeamSearchParams
 
-    llm = LLM(model=str(folder), device=device.type, dtype="float32", max_num_seqs=width * len(prompts),
-              num_kv_blocks=2048 // 16 + width * sum(-(-(len(p) + max_tokens) // 16) for p in prompts),
-              attention_backend="triton" if device.type == "cuda" or kernel_bench._interpreting() else None)
-    try:
+    with our_llm(folder, device, "float32", prompts, max_tokens, per_prompt=width) as llm:
         outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts],
                                   BeamSearchParams(beam_width=width, max_tokens=max_tokens), use_tqdm=False)
-        llm.llm_engine.check_integrity()
-    finally:
-        llm.close()
-    del llm
-    _free_device_memory()
     return [[list(c.token_ids) for c in o.outputs] for o in outputs]
 
 

@@ -17,10 +17,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from inference.model_loader import DEFAULT_MODEL, resolve_model
+from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, resolve_model
 from inference.quantization.packed_int4 import AWQ_ORDER
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TINY = dict(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

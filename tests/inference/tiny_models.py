@@ -8,9 +8,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PretrainedConfig
 
-from inference.model_loader import DEFAULT_MODEL, resolve_model
+from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, resolve_model
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 SHAPE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 
