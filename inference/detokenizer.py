@@ -20,7 +20,6 @@ _CONTEXT_TOKENS = 5
 
 class Detokenizer:
     def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer  # the Rust tokenizer a DecodeStream steps through
 
     def start(self, seq: Sequence) -> None:

@@ -252,7 +252,7 @@ def print_table(rows: list[Row], copy_gbps: float, notes: list[str]) -> None:
 
 
 def _triton_ops(device: torch.device) -> ModuleType | None:
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not interpreting():
         return None
     try:
         return importlib.import_module("kernels.triton_kernels")
@@ -260,7 +260,8 @@ def _triton_ops(device: torch.device) -> ModuleType | None:
         return None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -188,8 +188,7 @@ def random_model_folder(shape: ModelShape, folder: Path, tokenizer_dir: Path, de
             param.normal_(0, 0.2)
     model.to(torch.bfloat16).save_pretrained(folder)
     for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, folder / name)
+        shutil.copy(tokenizer_dir / name, folder / name)
     del model
     _free_device_memory()
     return folder
@@ -231,13 +230,12 @@ def our_llm(folder: Path, device: torch.device, dtype: str, prompts: list[list[i
     blocks = 2048 // 16 + per_prompt * sum(-(-(len(p) + max_tokens) // 16) for p in prompts)
     llm = LLM(model=str(folder), device=device.type, dtype=dtype, num_kv_blocks=blocks,
               max_num_seqs=per_prompt * len(prompts),
-              attention_backend="triton" if device.type == "cuda" or kernel_bench._interpreting() else None)
+              attention_backend="triton" if device.type == "cuda" or kernel_bench.interpreting() else None)
     try:
         yield llm
         llm.llm_engine.check_integrity()
     finally:
         llm.close()
-        del llm
         _free_device_memory()
 
 
@@ -296,11 +294,9 @@ def oracle_section(plan: Plan, device: torch.device, tokenizer_dir: Path, tmp: P
     out: dict[str, Any] = {"prompt_lengths": list(plan.prompt_lengths), "max_tokens": plan.oracle_tokens}
     for shape in plan.oracle_models:
         folder = random_model_folder(shape, tmp / shape.name, tokenizer_dir, device)
-        tokens = {}
-        for dtype in (torch.float32, torch.bfloat16):
-            tokens[dtype] = (ours_greedy(folder, dtype, device, prompts, plan.oracle_tokens),
-                             hf_greedy(folder, dtype, device, prompts, plan.oracle_tokens))
-        (ours32, hf32), (ours16, hf16) = tokens[torch.float32], tokens[torch.bfloat16]
+        ours32, hf32, ours16, hf16 = (greedy(folder, dtype, device, prompts, plan.oracle_tokens)
+                                      for dtype in (torch.float32, torch.bfloat16)
+                                      for greedy in (ours_greedy, hf_greedy))
         beam_prompts = prompts[:BEAM_PROMPTS]
         beams = agreement(ours_beams(folder, device, beam_prompts, BEAM_WIDTH, plan.oracle_tokens // 2),
                           hf_beams(folder, device, beam_prompts, BEAM_WIDTH, plan.oracle_tokens // 2))
