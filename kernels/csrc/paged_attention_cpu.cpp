@@ -8,9 +8,9 @@
 // prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 2.5-3x faster than flash attention in bfloat16); the other sequences here.
 //
 // Work item = (sequence, tile of up to TILE_Q query tokens, KV heads). An item owns the query heads of its KV
-// heads for its tokens (GQA: the rows sharing one KV head), so each K/V block is read once per item (bfloat16 one
-// copied into a small local buffer unless other sequences share it, widened to float32 where no bfloat16 dots take
-// it: see BlockRead) and reused by every row. With enough
+// heads for its tokens (GQA: the rows sharing one KV head), so each K/V block is read once per item (copied into a
+// small local buffer unless other sequences share it, widened to float32 where the math does not take its dtype:
+// see BlockRead) and reused by every row. With enough
 // sequences an item takes every KV head: a block's rows then lie one after another in memory and are read in one
 // sweep (the SmolLM2 decode step at batch 32 and 1,024 tokens: 1.26x faster in bfloat16, 1.07x in float32, than
 // one head's 1/kv_heads-wide strips at a time); with few, each head is its own item, so the threads still share a
@@ -218,32 +218,36 @@ struct Item {
   double cost;
 };
 
-// How attend_item reads a K/V block of T: float32 where it lies; others copied a block at a time into the scratch,
-// as they are where bfloat16 dots take them, else widened to float32. A copy is a run of independent loads the CPU
-// keeps many of in flight; reading bfloat16 in place from the math's loops keeps few, and was 1.1-1.2x slower at
-// 1,024 tokens even with prefetches. A block several sequences of the batch share is the exception: after its first
-// reader it sits in cache, where the copy is pure cost, so bfloat16 reads those in place (batch 32 of one shared
-// 1,024-token context: 1.5x faster).
-enum class BlockRead { in_place, copied, widened };
+// How attend_item reads a K/V block of T: copied a block at a time into the scratch, as bfloat16 where bfloat16 dots
+// take it, else as float32 (float32 as it is, others widened). A copy is a run of independent loads the CPU keeps
+// many of in flight; reading in place from the math's loops keeps few, even with prefetches (batch 32 at 1,024
+// tokens, 30 layers: bfloat16 1.1-1.2x slower in place; float32 85 ms copied, 106 in place). A block several
+// sequences of the batch share is the exception: after its first reader it sits in cache, where the copy is pure
+// cost, so it is read in place wherever the math takes T as it is stored (batch 32 of one shared 1,024-token
+// context: 1.5x faster in bfloat16, 1.45x in float32).
+enum class BlockRead { bf16, float32 };
 template <typename T, int64_t HEAD_DIM>
 constexpr BlockRead block_read() {
-  if constexpr (std::is_same_v<T, float>) return BlockRead::in_place;
-  else if constexpr (BF16_DOT && std::is_same_v<T, c10::BFloat16> && HEAD_DIM > 0 && HEAD_DIM % 32 == 0)
-    return BlockRead::copied;
-  else return BlockRead::widened;
+  if constexpr (BF16_DOT && std::is_same_v<T, c10::BFloat16> && HEAD_DIM > 0 && HEAD_DIM % 32 == 0)
+    return BlockRead::bf16;
+  else return BlockRead::float32;
+}
+template <typename T, int64_t HEAD_DIM>
+constexpr bool shared_in_place() {
+  return std::is_same_v<T, float> || block_read<T, HEAD_DIM>() == BlockRead::bf16;
 }
 
 // Per-thread buffers, sized once for the largest item: its queries (float32, or bfloat16 as they came where the
-// block is copied), accumulators, one K/V block of the item's heads where it is copied or widened, and per row its
-// probabilities over that block and the correction of its running sum.
+// block is copied as bfloat16), accumulators, one K/V block of the item's heads, and per row its probabilities over
+// that block and the correction of its running sum.
 struct Scratch {
   std::vector<float> q, acc, k, v, probs, correction, row_max, row_sum;
   std::vector<c10::BFloat16> q_bf16, k_bf16, v_bf16;
   Scratch(int64_t rows, int64_t block_size, int64_t kv_heads, int64_t head_dim, BlockRead read)
-      : q(read == BlockRead::copied ? 0 : rows * head_dim), acc(rows * head_dim),
-        k(read == BlockRead::widened ? block_size * kv_heads * head_dim : 0), v(k.size()), probs(rows * block_size),
-        correction(rows), row_max(rows), row_sum(rows), q_bf16(read == BlockRead::copied ? rows * head_dim : 0),
-        k_bf16(read == BlockRead::copied ? block_size * kv_heads * head_dim : 0), v_bf16(k_bf16.size()) {}
+      : q(read == BlockRead::bf16 ? 0 : rows * head_dim), acc(rows * head_dim),
+        k(read == BlockRead::float32 ? block_size * kv_heads * head_dim : 0), v(k.size()), probs(rows * block_size),
+        correction(rows), row_max(rows), row_sum(rows), q_bf16(read == BlockRead::bf16 ? rows * head_dim : 0),
+        k_bf16(read == BlockRead::bf16 ? block_size * kv_heads * head_dim : 0), v_bf16(k_bf16.size()) {}
 };
 
 // HEAD_DIM > 0 fixes head_dim at compile time (fully unrolled vector loops, ~1.5x faster); 0 reads it at run time.
@@ -271,7 +275,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   std::fill_n(buf.row_sum.data(), rows, 0.f);
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = q + (it.q_begin + token_of(r)) * q_s0 + head_of(r) * q_s1;
-    if constexpr (read == BlockRead::copied) std::copy_n(row, head_dim, buf.q_bf16.data() + r * head_dim);
+    if constexpr (read == BlockRead::bf16) std::copy_n(row, head_dim, buf.q_bf16.data() + r * head_dim);
     else load_row(row, buf.q.data() + r * head_dim, head_dim, scale);
   }
   // One block of every head of the item: per KV head, scores and the online-softmax update row by row, then the
@@ -293,7 +297,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
           continue;
         }
         used = std::max(used, limit);
-        if constexpr (read == BlockRead::copied) {
+        if constexpr (read == BlockRead::bf16) {
 #if defined(__AVX512BF16__)
           block_scores_bf16<HEAD_DIM>(buf.q_bf16.data() + r * head_dim, kh, row_stride, limit, scale, pr);
 #endif
@@ -320,8 +324,8 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
     const int32_t block = table[start / block_size];
     const int64_t base = static_cast<int64_t>(block) * c_s0 + it.kv_begin * c_s2;
     // Blocks lie at random addresses, so the hardware cannot fetch ahead across them: fetch the rows of the
-    // block PREFETCH_BLOCKS ahead into L2 (read in place: all at the block's start; copied or widened: one row per
-    // row copied here, spreading the requests over the work).
+    // block PREFETCH_BLOCKS ahead into L2 (read in place: all at the block's start; copied: one row per row copied
+    // here, spreading the requests over the work).
     const int64_t ahead_start = start + PREFETCH_BLOCKS * block_size;
     const int64_t ahead_rows = std::max<int64_t>(0, std::min(block_size, visible - ahead_start));
     const int64_t ahead = ahead_rows ? static_cast<int64_t>(table[ahead_start / block_size]) * c_s0 + it.kv_begin * c_s2 : 0;
@@ -334,35 +338,37 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
         }
       }
     };
-    if constexpr (read != BlockRead::widened) {
-      if (read == BlockRead::in_place || shared_blocks[block]) {
+    if constexpr (shared_in_place<T, HEAD_DIM>()) {
+      if (shared_blocks[block]) {
         for (int64_t t = 0; t < ahead_rows; ++t) prefetch_row(t);
         attend_block(start, n, k + base, v + base, c_s1, c_s2);
         continue;
       }
     }
-    if constexpr (read != BlockRead::in_place) {  // into the scratch, row t's heads side by side as in the cache
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = base + t * c_s1 + h * c_s2, to = (t * heads + h) * head_dim;
-          if constexpr (read == BlockRead::copied) {
-            std::copy_n(k + at, head_dim, buf.k_bf16.data() + to);
-            std::copy_n(v + at, head_dim, buf.v_bf16.data() + to);
-          } else {
-            load_row(k + at, buf.k.data() + to, head_dim, 1.f);
-            load_row(v + at, buf.v.data() + to, head_dim, 1.f);
-          }
+    // Into the scratch, row t's heads side by side as in the cache.
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t at = base + t * c_s1 + h * c_s2, to = (t * heads + h) * head_dim;
+        if constexpr (read == BlockRead::bf16) {
+          std::copy_n(k + at, head_dim, buf.k_bf16.data() + to);
+          std::copy_n(v + at, head_dim, buf.v_bf16.data() + to);
+        } else if constexpr (std::is_same_v<T, float>) {
+          std::copy_n(k + at, head_dim, buf.k.data() + to);
+          std::copy_n(v + at, head_dim, buf.v.data() + to);
+        } else {
+          load_row(k + at, buf.k.data() + to, head_dim, 1.f);
+          load_row(v + at, buf.v.data() + to, head_dim, 1.f);
         }
-        if (t < ahead_rows) prefetch_row(t);
       }
-      for (int64_t t = n; t < ahead_rows; ++t) prefetch_row(t);
-      if constexpr (read == BlockRead::copied)
-        attend_block(start, n, static_cast<const T*>(buf.k_bf16.data()), static_cast<const T*>(buf.v_bf16.data()),
-                     heads * head_dim, head_dim);
-      else
-        attend_block(start, n, static_cast<const float*>(buf.k.data()), static_cast<const float*>(buf.v.data()),
-                     heads * head_dim, head_dim);
+      if (t < ahead_rows) prefetch_row(t);
     }
+    for (int64_t t = n; t < ahead_rows; ++t) prefetch_row(t);
+    if constexpr (read == BlockRead::bf16)
+      attend_block(start, n, static_cast<const T*>(buf.k_bf16.data()), static_cast<const T*>(buf.v_bf16.data()),
+                   heads * head_dim, head_dim);
+    else
+      attend_block(start, n, static_cast<const float*>(buf.k.data()), static_cast<const float*>(buf.v.data()),
+                   heads * head_dim, head_dim);
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* o = out + (it.q_begin + token_of(r)) * o_s0 + head_of(r) * o_s1;
@@ -822,8 +828,8 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
       // attend_rows_tiles; elsewhere every item to attend_item.
       const int64_t unit = block_size % 32 == 0 ? 32 : 16;
       const bool all_tiles = tile_type && tiles;
-      // Only a copied read tells shared blocks from private ones; the other reads never look.
-      const std::vector<uint8_t> shared = read == BlockRead::copied && !all_tiles
+      // Only where a shared block is read in place are shared blocks told from private ones.
+      const std::vector<uint8_t> shared = shared_in_place<scalar_t, HEAD_DIM>() && !all_tiles
           ? shared_blocks(block_tables, context_lens, block_size, key_cache.size(0)) : std::vector<uint8_t>();
       at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
         const int64_t item_heads = items[0].kv_end - items[0].kv_begin;  // every item has as many
