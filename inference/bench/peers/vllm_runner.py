@@ -1,9 +1,12 @@
-"""Runs one job on vLLM's CPU backend, INSIDE vLLM's own venv (see setup_vllm.sh): stdlib and vllm only.
+"""Serves tasks on vLLM's CPU backend, INSIDE vLLM's own venv (see setup_vllm.sh): stdlib and vllm only.
 
-`python vllm_runner.py JOB.json OUT.json`. The job names the model folder, dtype, limits and either a workload
-(requests with prompt token ids, max_tokens and arrival times: served greedily with EOS ignored, every
+`python vllm_runner.py JOB_JSON RESULT_FD`. The job names the model folder, dtype and limits. The runner loads the
+model once, warms it up and writes one JSON line to file descriptor RESULT_FD ({"vllm_version", "kv_blocks"});
+then it runs the tasks it reads from stdin, one JSON line each, answering each with one JSON line on RESULT_FD,
+until stdin closes (vLLM logs to stdout and stderr, so the answers have a channel of their own). A task is a
+workload (requests with prompt token ids, max_tokens and arrival times: served greedily with EOS ignored, every
 token stamped with its time since the start) or a decode-step measurement (a batch of prompts of one length,
-prefilled, then the mean wall time of `steps` decode steps). The engine is driven step by step through
+prefilled, then the median wall time of `steps` decode steps). The engine is driven step by step through
 `llm.llm_engine`, in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), exactly as our adapter drives ours.
 """
 
@@ -85,8 +88,7 @@ def decode_step(engine, prompts: list[list[int]], steps: int, max_num_batched_to
             "batch_min": min(ran)}
 
 
-def main(job_path: str, out_path: str) -> None:
-    job = json.loads(open(job_path).read())
+def main(job: dict, result_fd: int) -> None:
     import vllm
 
     llm = make_llm(job)
@@ -95,15 +97,19 @@ def main(job_path: str, out_path: str) -> None:
     serve(engine, [{"request_id": "warmup", "prompt_token_ids": list(range(1000, 1040)), "max_tokens": 4,
                     "arrival_time": 0.0}])
     cache_config = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
-    result = {"vllm_version": vllm.__version__, "kv_blocks": getattr(cache_config, "num_gpu_blocks", None)}
-    for task in job["tasks"]:
-        if task["kind"] == "workload":
-            result[task["name"]] = serve(engine, task["requests"])
-        else:
-            result[task["name"]] = decode_step(engine, task["prompts"], task["steps"], job["max_num_batched_tokens"])
-    with open(out_path, "w") as f:
-        json.dump(result, f)
+    with os.fdopen(result_fd, "w") as results:
+        def answer(result: dict) -> None:
+            results.write(json.dumps(result) + "\n")
+            results.flush()
+
+        answer({"vllm_version": vllm.__version__, "kv_blocks": getattr(cache_config, "num_gpu_blocks", None)})
+        for line in sys.stdin:
+            task = json.loads(line)
+            if task["kind"] == "workload":
+                answer(serve(engine, task["requests"]))
+            else:
+                answer(decode_step(engine, task["prompts"], task["steps"], job["max_num_batched_tokens"]))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(json.loads(sys.argv[1]), int(sys.argv[2]))
