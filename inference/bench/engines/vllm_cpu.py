@@ -88,6 +88,7 @@ class Session:
             raise
 
     def run(self, task: dict[str, Any]) -> dict[str, Any]:
+        """One task as vllm_runner.py takes it (a workload, or a decode step); the runner is stopped again after."""
         self._proc.send_signal(signal.SIGCONT)
         try:
             assert self._proc.stdin is not None
