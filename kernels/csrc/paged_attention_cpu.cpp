@@ -352,10 +352,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
         if constexpr (read == BlockRead::bf16) {
           std::copy_n(k + at, head_dim, buf.k_bf16.data() + to);
           std::copy_n(v + at, head_dim, buf.v_bf16.data() + to);
-        } else if constexpr (std::is_same_v<T, float>) {
-          std::copy_n(k + at, head_dim, buf.k.data() + to);
-          std::copy_n(v + at, head_dim, buf.v.data() + to);
-        } else {
+        } else {  // float32 rows as they are (times 1 is exact), others widened
           load_row(k + at, buf.k.data() + to, head_dim, 1.f);
           load_row(v + at, buf.v.data() + to, head_dim, 1.f);
         }
