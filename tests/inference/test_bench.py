@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import replace
 from pathlib import Path
@@ -394,18 +395,24 @@ def stub_runner(tmp_path, monkeypatch):
     return RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096, block_size=32, threads=1)
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped within 2 s (a SIGSTOP is delivered asynchronously)."""
+    deadline = time.monotonic() + 2
+    while Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "T":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_vllm_session_answers_each_task_and_is_stopped_between_them(stub_runner):
     with vllm_cpu.Session(stub_runner) as session:
         assert session.info == {"vllm_version": "stub", "kv_blocks": 32}
         pid = session._proc.pid
-        assert _state(pid) == "T"  # stopped while ours would run
+        assert _stopped(pid)  # while ours would run
         for i in range(2):
             answer = session.run({"kind": "workload", "i": i})
-            assert answer == {"echo": {"kind": "workload", "i": i}, "pid": pid} and _state(pid) == "T"
+            assert answer == {"echo": {"kind": "workload", "i": i}, "pid": pid} and _stopped(pid)
     assert session._proc.returncode == 0  # ended at the end of its input
 
 
