@@ -5,15 +5,20 @@ mode uses smaller ones).
 Each round starts a fresh engine of each (vLLM one subprocess, so it compiles once) and runs every task on both,
 one right after the other: ours first in the first round, vLLM first in the next, and so on. A ratio then
 compares two runs seconds apart rather than minutes (on these VMs an engine's own figures drift by a quarter
-over minutes), and neither engine always runs first. Both get the same prompts, arrival times, KV budget
+over minutes), and neither engine always runs first. A short task is repeated, the pairs alternating who goes
+first, until each engine has spent about MIN_TASK_S on it, and each engine's median run stands for the round: a
+1-3 s shared-prefix run or a few decode steps otherwise rests a round's ratio on one moment of a noisy machine.
+Every workload run starts from an empty prefix cache on both engines (a repeat must not find its own prompts). Both get the same prompts, arrival times, KV budget
 (raised to hold 32 x 1,024-token sequences) and threads. On a shared machine only the ratios mean much, and
 each side's CPU seconds are reported beside the wall figures.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +29,8 @@ from inference.bench.engines.base import RunConfig
 from inference.bench.workloads import Workload
 
 DECODE_STEPS = 6
+MIN_TASK_S = 10.0  # seconds each engine spends on a task in a round, at least: short tasks are repeated
+MAX_REPEATS = 5  # odd
 VLLM_CPU_BLOCK_MULTIPLE = 32  # vLLM 0.32's CPU attention: "No common block size for 16 (CPU_ATTN: MultipleOf(32))"
 
 
@@ -59,9 +66,9 @@ def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
                 with vllm_cpu.Session(config) as vllm:
                     one["vllm"] = {"version": vllm.info["vllm_version"], "kv_blocks": vllm.info["kv_blocks"]}
                     for name, task in tasks.items():
-                        pair = [("ours", engine), ("vllm", vllm)]
-                        for side, runner in pair if number % 2 == 0 else reversed(pair):
-                            one[side][name] = figures(runner, task, config, batch, progress)
+                        runs = repeated(engine, vllm, task, config, batch, number % 2 == 1, progress)
+                        for side, figures_of_runs in runs.items():
+                            one[side][name] = median_run(figures_of_runs)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the rest of the run's figures still count
                 out["skipped"] = f"vLLM failed: {exc}"
                 one.pop("vllm", None)
@@ -75,15 +82,47 @@ def measure(workloads: dict[str, Workload], config: RunConfig, batch: int = 32,
     return out
 
 
+def repeated(engine: LLMEngine, vllm: vllm_cpu.Session, task: Workload | int, config: RunConfig, batch: int,
+             vllm_first: bool, progress: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """{"ours": [figures, ...], "vllm": [...]}: `task` on both engines back to back, repeated as the first pair's
+    wall time says (until each engine has had about MIN_TASK_S; an odd number of pairs, at most MAX_REPEATS), the
+    order of each pair swapped from the last."""
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
+    pairs, repeat, started = 1, 0, time.perf_counter()
+    while repeat < pairs:
+        pair = [("ours", engine), ("vllm", vllm)]
+        for side, runner in reversed(pair) if vllm_first ^ (repeat % 2 == 1) else pair:
+            runs[side].append(figures(runner, task, config, batch, progress))
+        if repeat == 0:  # an odd count, so the median is one of the runs
+            needed = math.ceil(2 * MIN_TASK_S / (time.perf_counter() - started))
+            pairs = min(MAX_REPEATS, needed // 2 * 2 + 1)
+        repeat += 1
+    return runs
+
+
+def headline(figures: dict[str, Any]) -> float:
+    """What a task is judged by: output tok/s for a workload, the step's seconds for a decode step."""
+    return figures["step_s"] if "step_s" in figures else figures["output_tokens_per_s"]
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose headline figure is the median of `runs` (an odd number of them), with every run's headline
+    figure beside it under "repeats"."""
+    values = [headline(f) for f in runs]
+    middle = sorted(range(len(runs)), key=values.__getitem__)[len(runs) // 2]
+    return {**runs[middle], "repeats": values}
+
+
 def figures(runner: LLMEngine | vllm_cpu.Session, task: Workload | int, config: RunConfig, batch: int,
             progress: bool = False) -> dict[str, Any]:
     """One task on one engine: a workload's figures, or the decode step's time at `task` tokens of context."""
     if isinstance(runner, vllm_cpu.Session):
         if isinstance(task, Workload):
-            served = runner.run(vllm_cpu.workload_task(task))
+            served = runner.run({**vllm_cpu.workload_task(task), "reset_prefix_cache": True})
             return vllm_cpu.engine_run(task, served, runner.info["kv_blocks"], config).figures(config)
         return runner.run({"kind": "decode_step", "prompts": roofline.prompts(batch, task), "steps": DECODE_STEPS})
     if isinstance(task, Workload):
+        runner.reset_prefix_cache()
         return ours.run(task, config, engine=runner, progress=progress).figures(config)
     return {"step_s": roofline.ours_decode_step_s(runner, batch, DECODE_STEPS, task)}
 

@@ -352,6 +352,7 @@ def test_vs_vllm_rounds_report_the_median_and_hold_the_worst_to_the_target(monke
         return {"step_s": 0.03 if side == "vllm" else 0.02}
 
     vllm_tok_s = iter([200.0, 400.0, 250.0])
+    monkeypatch.setattr(vs_vllm, "MIN_TASK_S", 0.0)  # one run of each task a round
     monkeypatch.setattr(vs_vllm.ours, "make_engine", lambda config: object())
     monkeypatch.setattr(vllm_cpu, "Session", _FakeSession)
     monkeypatch.setattr(vllm_cpu, "available", lambda: True)
@@ -365,9 +366,70 @@ def test_vs_vllm_rounds_report_the_median_and_hold_the_worst_to_the_target(monke
     assert [r["ratios"]["chat"] for r in vs["rounds"]] == pytest.approx([1.5, 0.75, 1.2])
     assert vs["ratios"]["chat"] == pytest.approx(1.2) and vs["ratios_min"]["chat"] == pytest.approx(0.75)
     text = report.vs_vllm_section(vs)
-    assert "3 rounds" in text and "| chat output tok/s | 300.0 | 250.0 | 1.20x | 1.50, 0.75, 1.20 |" in text
+    assert "3 rounds" in text and "| chat output tok/s | 300.0 | 250.0 | 1.20x | 1.50, 0.75, 1.20 | 1 |" in text
     (chat,) = [t for t in report.targets({"vs_vllm": vs}) if t.what.startswith("chat output tok/s, ours / vLLM")]
     assert chat.value == pytest.approx(0.75) and chat.met is False
+
+
+def test_vs_vllm_repeats_a_short_task_and_keeps_each_engines_median_run(monkeypatch):
+    """A task whose first pair takes 4 s (of MIN_TASK_S = 10 per engine) runs in 5 pairs, alternating who goes
+    first; a 30 s task runs once. Each engine's median run stands for the round, every run's figure beside it."""
+    clock, calls = [0.0], []
+    ours_steps, vllm_steps = iter([0.05, 0.01, 0.04, 0.02, 0.03]), iter([0.02, 0.03, 0.09, 0.01, 0.02])
+
+    def figures(runner, task, config, batch, progress=False):
+        side = "vllm" if isinstance(runner, _FakeSession) else "ours"
+        calls.append(side)
+        if isinstance(task, workloads.Workload):
+            clock[0] += 30
+            return {"output_tokens_per_s": 100.0}
+        clock[0] += 2
+        return {"step_s": next(ours_steps if side == "ours" else vllm_steps), "run": len(calls)}
+
+    monkeypatch.setattr(vs_vllm, "MIN_TASK_S", 10.0)
+    monkeypatch.setattr(vs_vllm.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(vs_vllm.ours, "make_engine", lambda config: object())
+    monkeypatch.setattr(vllm_cpu, "Session", _FakeSession)
+    monkeypatch.setattr(vllm_cpu, "available", lambda: True)
+    monkeypatch.setattr(vs_vllm, "figures", figures)
+    config = RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096)
+    vs = vs_vllm.measure({"chat": workloads.Workload("chat", 0, [])}, config, batch=2, contexts=(128,))
+    assert calls == ["ours", "vllm"] + ["ours", "vllm", "vllm", "ours"] * 2 + ["ours", "vllm"]
+    (one,) = vs["rounds"]
+    assert one["ours"]["decode_128"] == {"step_s": 0.03, "run": 11, "repeats": [0.05, 0.01, 0.04, 0.02, 0.03]}
+    assert one["vllm"]["decode_128"]["step_s"] == 0.02 and one["ours"]["chat"]["repeats"] == [100.0]
+    assert one["ratios"]["decode_128"] == pytest.approx(0.02 / 0.03)
+
+
+def test_every_workload_run_starts_from_an_empty_prefix_cache(monkeypatch):
+    """A repeated workload must not find its own prompts cached: ours is reset before each run, vLLM is asked to."""
+    events = []
+
+    class Engine:
+        def reset_prefix_cache(self):
+            events.append("ours:reset")
+
+    class Session(_FakeSession):
+        def run(self, task):
+            events.append(f"vllm:{task['kind']}:reset={task.get('reset_prefix_cache')}")
+            return {"token_times": {}, "cpu_s": 1.0}
+
+    class Served:
+        def figures(self, config):
+            return {"output_tokens_per_s": 1.0}
+
+    def run(task, config, engine, progress):
+        events.append("ours:run")
+        return Served()
+
+    monkeypatch.setattr(vllm_cpu, "Session", Session)
+    monkeypatch.setattr(vllm_cpu, "engine_run", lambda *args: Served())
+    monkeypatch.setattr(vs_vllm.ours, "run", run)
+    config = RunConfig(model_path=Path("."), geometry=GEOMETRY, kv_budget_tokens=4096)
+    chat = workloads.Workload("chat", 0, [])
+    for runner in (Engine(), Session(config), Engine()):
+        vs_vllm.figures(runner, chat, config, batch=2)
+    assert events == ["ours:reset", "ours:run", "vllm:workload:reset=True", "ours:reset", "ours:run"]
 
 
 # A stand-in for peers/vllm_runner.py speaking its protocol: a first answer once "loaded", then one answer per

@@ -5,9 +5,10 @@ model once, warms it up and writes one JSON line to file descriptor RESULT_FD ({
 then it runs the tasks it reads from stdin, one JSON line each, answering each with one JSON line on RESULT_FD,
 until stdin closes (vLLM logs to stdout and stderr, so the answers have a channel of their own). A task is a
 workload (requests with prompt token ids, max_tokens and arrival times: served greedily with EOS ignored, every
-token stamped with its time since the start) or a decode-step measurement (a batch of prompts of one length,
-prefilled, then the median wall time of `steps` decode steps). The engine is driven step by step through
-`llm.llm_engine`, in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), exactly as our adapter drives ours.
+token stamped with its time since the start; with "reset_prefix_cache", from an empty prefix cache) or a
+decode-step measurement (a batch of prompts of one length, prefilled, then the median wall time of `steps` decode
+steps). The engine is driven step by step through `llm.llm_engine`, in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), exactly as our adapter drives ours.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def main(job: dict, result_fd: int) -> None:
         for line in sys.stdin:
             task = json.loads(line)
             if task["kind"] == "workload":
+                if task.get("reset_prefix_cache"):
+                    engine.reset_prefix_cache()
                 answer(serve(engine, task["requests"]))
             else:
                 answer(decode_step(engine, task["prompts"], task["steps"], job["max_num_batched_tokens"]))
