@@ -203,19 +203,23 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         ops: ModuleType,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states [num_tokens, hidden] after the final norm; `compute_logits` picks rows later."""
+        """Hidden states after the final norm, [num_tokens, hidden], or only at token rows `rows` (those a step
+        samples), [len(rows), hidden]. Every token's K/V is cached either way. The one-call CPU stack runs the
+        last layer past its K/V for those rows alone (a prompt of hundreds of tokens samples one: ~3% of a
+        prefill's matmuls saved); the layer-by-layer path computes every row and picks them at the end."""
         h = self.embed_tokens(input_ids)
         rope = self.rope.tables(positions, h.dtype)
         stack = self._stack_weights(ops)
         if stack is not None:
             return ops.decoder_layers(h, stack, kv_caches, *rope, meta.slot_mapping, meta.block_tables,
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
-                                      self.layers[0].self_attn.scale, self.norm.eps)
+                                      self.layers[0].self_attn.scale, self.norm.eps, rows)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
             h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)
-        return self.norm(h, ops)
+        return self.norm(h if rows is None else h[rows], ops)
 
     def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):

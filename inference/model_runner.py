@@ -199,8 +199,8 @@ class ModelRunner:
             is_decode=batch.input_ids.numel() == batch.context_lens.numel(),
         )
         hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device), self.kv_caches, meta,
-                            self.ops)
-        return self.model.compute_logits(hidden[batch.sample_rows.to(self.device)])
+                            self.ops, rows=batch.sample_rows.to(self.device))
+        return self.model.compute_logits(hidden)
 
     def check_alive(self) -> None:
         """Raise `RankFailedError` if a tensor-parallel rank has died (then this runner cannot step again)."""

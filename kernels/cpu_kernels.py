@@ -124,10 +124,12 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
 
 def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[Tensor, Tensor]], cos: Tensor,
                    sin: Tensor, slot_mapping: Tensor, block_tables: Tensor, context_lens: Tensor,
-                   query_start_loc: Tensor, num_heads: int, scale: float, eps: float) -> Tensor:
+                   query_start_loc: Tensor, num_heads: int, scale: float, eps: float,
+                   rows: Tensor | None = None) -> Tensor:
     """Every decoder layer of a Llama-family model for one step, in one C++ call (``csrc/decoder_cpu.cpp``):
-    the final norm of the last layer's output. ``weights`` holds six tensors per layer (input norm, packed
-    q/k/v, packed o, post-attention norm, packed gate/up, packed down) and the final norm's last
+    the final norm of the last layer's output, at every token or only at ``rows`` (then the last layer writes
+    every token's K/V but runs the rest for those rows alone). ``weights`` holds six tensors per layer (input
+    norm, packed q/k/v, packed o, post-attention norm, packed gate/up, packed down) and the final norm's last
     (``inference.model.LlamaForCausalLM``). The metadata is checked once here, not once a layer."""
     key_cache, value_cache = kv_caches[0]
     num_seqs = block_tables.shape[0]
@@ -140,11 +142,15 @@ def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[
     if hidden.dtype not in _NATIVE_DTYPES or hidden.device.type != "cpu" or key_cache.dtype != hidden.dtype:
         raise ValueError(f"decoder_layers runs {_NATIVE_DTYPES} on the CPU with caches of the hidden dtype, got "
                          f"{hidden.dtype} on {hidden.device} and {key_cache.dtype} caches")
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+        if rows.dim() != 1 or bool(((rows < 0) | (rows >= hidden.shape[0])).any()):
+            raise ValueError(f"rows must be a 1-d tensor of row numbers below {hidden.shape[0]}")
     return extension().decoder_layers(
         hidden.contiguous(), weights, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.contiguous(),
         sin.contiguous(), slot_mapping.to(torch.int64), block_tables.to(torch.int32).contiguous(),
         context_lens.to(torch.int32).contiguous(), query_start_loc.to(torch.int32).contiguous(), num_heads,
-        num_kv_heads, head_dim, float(scale), float(eps))
+        num_kv_heads, head_dim, float(scale), float(eps), rows)
 
 
 def _query_lens(query_start_loc: Tensor, context_lens: Tensor, num_tokens: int) -> Tensor:

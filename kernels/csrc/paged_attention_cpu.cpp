@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <type_traits>
 #include <vector>
@@ -901,7 +902,7 @@ torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> we
                              torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
                              torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
-                             double eps);  // decoder_cpu.cpp
+                             double eps, std::optional<torch::Tensor> rows);  // decoder_cpu.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");

@@ -64,6 +64,11 @@ def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype, thr
         fused = model(ids, positions, caches[cpu_kernels], meta, cpu_kernels)
         expected = model(ids, positions, caches[reference], meta, reference)
         assert_close_to(fused, expected, dtype)
+        # Only some rows (each sequence's last, as a step samples, and a prompt's third): the last layer runs
+        # past its K/V for those alone, each row attending up to its own position.
+        rows = torch.cat([meta.query_start_loc[1:] - 1, torch.tensor([2])])
+        assert_close_to(model(ids, positions, caches[cpu_kernels], meta, cpu_kernels, rows=rows), expected[rows], dtype)
+        assert model(ids, positions, caches[cpu_kernels], meta, cpu_kernels, rows=rows[:0]).shape == (0, 192)
     for (k, v), (k_ref, v_ref) in zip(caches[cpu_kernels], caches[reference]):
         assert_close_to(k, k_ref, dtype)
         assert_close_to(v, v_ref, dtype)
