@@ -238,6 +238,15 @@ constexpr bool shared_in_place() {
   return std::is_same_v<T, float> || block_read<T, HEAD_DIM>() == BlockRead::bf16;
 }
 
+// One head's row of T into a scratch buffer: where the head size is fixed at compile time a copy of fixed size, which
+// the compiler inlines as a few vector moves (std::copy_n of a run-time size calls memmove for each 128-byte row:
+// 15% of the bfloat16 decode attention at batch 32 and 128 tokens of context).
+template <int64_t HEAD_DIM, typename T>
+inline void copy_head(const T* __restrict src, T* __restrict dst, int64_t head_dim) {
+  if constexpr (HEAD_DIM > 0) std::memcpy(dst, src, HEAD_DIM * sizeof(T));
+  else std::copy_n(src, head_dim, dst);
+}
+
 // Per-thread buffers, sized once for the largest item: its queries (float32, or bfloat16 as they came where the
 // block is copied as bfloat16), accumulators, one K/V block of the item's heads, and per row its probabilities over
 // that block and the correction of its running sum.
@@ -276,7 +285,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   std::fill_n(buf.row_sum.data(), rows, 0.f);
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = q + (it.q_begin + token_of(r)) * q_s0 + head_of(r) * q_s1;
-    if constexpr (read == BlockRead::bf16) std::copy_n(row, head_dim, buf.q_bf16.data() + r * head_dim);
+    if constexpr (read == BlockRead::bf16) copy_head<HEAD_DIM>(row, buf.q_bf16.data() + r * head_dim, head_dim);
     else load_row(row, buf.q.data() + r * head_dim, head_dim, scale);
   }
   // One block of every head of the item: per KV head, scores and the online-softmax update row by row, then the
@@ -351,8 +360,8 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t at = base + t * c_s1 + h * c_s2, to = (t * heads + h) * head_dim;
         if constexpr (read == BlockRead::bf16) {
-          std::copy_n(k + at, head_dim, buf.k_bf16.data() + to);
-          std::copy_n(v + at, head_dim, buf.v_bf16.data() + to);
+          copy_head<HEAD_DIM>(k + at, buf.k_bf16.data() + to, head_dim);
+          copy_head<HEAD_DIM>(v + at, buf.v_bf16.data() + to, head_dim);
         } else {  // float32 rows as they are (times 1 is exact), others widened
           load_row(k + at, buf.k.data() + to, head_dim, 1.f);
           load_row(v + at, buf.v.data() + to, head_dim, 1.f);
