@@ -268,7 +268,7 @@ def vs_vllm_section(vs: dict[str, Any]) -> str:
     for name, figures in rounds[0]["ours"].items():
         each = ", ".join(f"{r['ratios'][name]:.2f}" for r in rounds)
         runs = [len(r["ours"][name]["repeats"]) for r in rounds]  # each engine's runs of the task a round
-        each = [each, f"{min(runs)}" if min(runs) == max(runs) else f"{min(runs)}-{max(runs)}"]
+        runs_a_round = f"{min(runs)}" if min(runs) == max(runs) else f"{min(runs)}-{max(runs)}"
         if "step_s" in figures:
             # vLLM's runner reports the fewest sequences one of its timed steps ran (ours raises below the batch).
             fewest = min(r["vllm"][name].get("batch_min", vs["decode_batch"]) for r in rounds)
@@ -276,11 +276,11 @@ def vs_vllm_section(vs: dict[str, Any]) -> str:
                          f"{_median(rounds, 'ours', name, 'step_s') * 1000:.1f}",
                          f"{_median(rounds, 'vllm', name, 'step_s') * 1000:.1f}"
                          + (f" (only {fewest} ran)" if fewest < vs["decode_batch"] else ""),
-                         f"{vs['ratios'][name]:.2f}x", *each])
+                         f"{vs['ratios'][name]:.2f}x", each, runs_a_round])
         else:
             rows.append([f"{name} output tok/s", f"{_median(rounds, 'ours', name, 'output_tokens_per_s'):.1f}",
                          f"{_median(rounds, 'vllm', name, 'output_tokens_per_s'):.1f}", f"{vs['ratios'][name]:.2f}x",
-                         *each])
+                         each, runs_a_round])
     vllm = rounds[0]["vllm"]
     return (f"{title} (vLLM {vllm['version']}, {vllm['kv_blocks']} KV blocks; both engines: blocks of "
             f"{vs['block_size']} tokens, a budget of {vs['kv_budget_tokens']} token slots; medians of the rounds, a "

@@ -8,9 +8,9 @@ compares two runs seconds apart rather than minutes (on these VMs an engine's ow
 over minutes), and neither engine always runs first. A short task is repeated, the pairs alternating who goes
 first, until each engine has spent about MIN_TASK_S on it, and each engine's median run stands for the round: a
 1-3 s shared-prefix run or a few decode steps otherwise rests a round's ratio on one moment of a noisy machine.
-Every workload run starts from an empty prefix cache on both engines (a repeat must not find its own prompts). Both get the same prompts, arrival times, KV budget
-(raised to hold 32 x 1,024-token sequences) and threads. On a shared machine only the ratios mean much, and
-each side's CPU seconds are reported beside the wall figures.
+Every workload run starts from an empty prefix cache on both engines (a repeat must not find its own prompts).
+Both get the same prompts, arrival times, KV budget (raised to hold 32 x 1,024-token sequences) and threads. On a
+shared machine only the ratios mean much, and each side's CPU seconds are reported beside the wall figures.
 """
 
 from __future__ import annotations
@@ -88,15 +88,17 @@ def repeated(engine: LLMEngine, vllm: vllm_cpu.Session, task: Workload | int, co
     wall time says (until each engine has had about MIN_TASK_S; an odd number of pairs, at most MAX_REPEATS), the
     order of each pair swapped from the last."""
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
-    pairs, repeat, started = 1, 0, time.perf_counter()
-    while repeat < pairs:
-        pair = [("ours", engine), ("vllm", vllm)]
-        for side, runner in reversed(pair) if vllm_first ^ (repeat % 2 == 1) else pair:
+
+    def pair(repeat: int) -> None:
+        order = [("ours", engine), ("vllm", vllm)]
+        for side, runner in reversed(order) if vllm_first ^ (repeat % 2 == 1) else order:
             runs[side].append(figures(runner, task, config, batch, progress))
-        if repeat == 0:  # an odd count, so the median is one of the runs
-            needed = math.ceil(2 * MIN_TASK_S / (time.perf_counter() - started))
-            pairs = min(MAX_REPEATS, needed // 2 * 2 + 1)
-        repeat += 1
+
+    started = time.perf_counter()
+    pair(0)
+    needed = math.ceil(2 * MIN_TASK_S / max(time.perf_counter() - started, 1e-9))
+    for repeat in range(1, min(MAX_REPEATS, needed // 2 * 2 + 1)):  # an odd count: the median is one of the runs
+        pair(repeat)
     return runs
 
 
