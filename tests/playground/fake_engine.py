@@ -1,5 +1,6 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
-model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart,
+model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart
+(a message starting "REJECT" is refused; one starting "SLOW" takes `slow_admission_s` to submit),
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
 `fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
 `health()` reports the loop dead, as StreamingEngine does.
@@ -35,6 +36,7 @@ class FakeStream:
 class FakeStreamingEngine:
     def __init__(self, delay: float = 0.005, **engine_kwargs) -> None:
         self.delay = delay
+        self.slow_admission_s = 1.5
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
@@ -64,6 +66,8 @@ class FakeStreamingEngine:
             raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
+        if last.startswith("SLOW"):  # a slow admission: a long prompt to tokenise, an adapter read from disk
+            time.sleep(self.slow_admission_s)
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params,
                               "lora_request": lora_request})
         stream = FakeStream(request_id)

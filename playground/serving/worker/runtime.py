@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
@@ -52,12 +52,15 @@ class WorkerRuntime:
         self.queue = worker_queue(name)
         self.service = service
         self.bridge = bridge
+        # Guards the three request sets below and nothing else: held for a few set operations, never across a
+        # call into the engine and never on the event loop (aborts reach it through `_aborter`).
         self._lock = threading.Lock()
         self._live: set[str] = set()  # requests in the engine (abortable)
         self._serving: set[str] = set()  # from before `gen.accepted` until after `gen.done` / `gen.error`
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
         self._abort_listener: Future | None = None
+        self._aborter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-abort")
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
         self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
         self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
@@ -85,6 +88,7 @@ class WorkerRuntime:
         self.labs.stop()
         if self._abort_listener is not None:
             self._abort_listener.cancel()
+        self._aborter.shutdown(wait=False)
         try:
             registry.forget(self.name)
         except Exception:
@@ -160,20 +164,24 @@ class WorkerRuntime:
                 rejoin_at = loop.time() + CONTROL_REJOIN_S
             message = await layer.receive(channel)
             if message.get("type") == "gen.abort" and isinstance(message.get("request_id"), str):
-                self.abort(message["request_id"])
+                # Handed to the abort thread: the loop also carries every request's tokens, and must not wait
+                # for the lock or the engine.
+                self._aborter.submit(self.abort, message["request_id"])
             else:
                 self.publisher.control(message)  # the dashboard's refresh and reset-prefix-cache requests
 
     # --- requests ---------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
-        """Abort a live request, or remember the abort for a request this worker may pick up later."""
+        """Abort a live request, or remember the abort for a request being admitted or not seen yet (the
+        admitting thread, or a later `serve`, acts on it). Blocking: never call it on the event loop."""
         with self._lock:
-            if request_id in self._live:
-                self.service.abort(request_id)
-                return
-            now = time.monotonic()
-            self._early_aborts = {r: t for r, t in self._early_aborts.items() if now - t < ABORT_MEMORY_S}
-            self._early_aborts[request_id] = now
+            live = request_id in self._live
+            if not live:
+                now = time.monotonic()
+                self._early_aborts = {r: t for r, t in self._early_aborts.items() if now - t < ABORT_MEMORY_S}
+                self._early_aborts[request_id] = now
+        if live:
+            self.service.abort(request_id)
 
     def serve(
         self,
@@ -208,11 +216,17 @@ class WorkerRuntime:
         try:
             self.service.wait_ready(LOAD_TIMEOUT_S)
             with self._lock:
-                if self._early_aborts.pop(request_id, None) is not None:
-                    send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
-                    return
-                stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter)
+                aborted = self._early_aborts.pop(request_id, None) is not None
+            if aborted:
+                send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
+                return
+            # Outside the lock: submitting tokenises, may read an adapter from disk and builds a grammar.
+            stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter)
+            with self._lock:
                 self._live.add(request_id)
+                aborted = self._early_aborts.pop(request_id, None) is not None
+            if aborted:  # the abort came while it was being submitted, before it was live
+                self.service.abort(request_id)
         except ValueError as exc:  # the engine refused this request (too long, empty...): the client's fault
             send({"type": "gen.error", "message": str(exc), "code": "invalid_request"})
             return
