@@ -5,7 +5,7 @@ and a few other shapes) and one varlen prefill with ``triton.testing.do_bench`` 
 (a block gather, then batched matmuls for decode or one SDPA per sequence for prefill) and SDPA over a
 contiguous cache holding the same data, (3) reports achieved bandwidth (K/V bytes read / time) against the
 measured device-to-device copy bandwidth, and prints the table last. The whole GPU run, with the engine's
-oracle and throughput on the device, is ``python -m inference.bench.gpu_suite``, which calls this.
+oracle and throughput on the device, is ``python -m bench.gpu_suite``, which calls this.
 
 Without CUDA (or with ``--cpu-smoke``) it runs the same pipeline on tiny shapes, timing with
 ``time.perf_counter``; Triton then runs only under ``TRITON_INTERPRET=1``. The kernel tests exercise this path.

@@ -24,7 +24,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from inference import LLM, EngineDeadError, SamplingParams, StreamingEngine
-from inference.bench import tensor_parallel as tensor_parallel_bench
+from bench import tensor_parallel as tensor_parallel_bench
 from inference.lab import LabConfig, LabSession
 from inference.parallel.group import Group
 from inference.parallel.layers import WeightShards

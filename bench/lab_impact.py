@@ -1,4 +1,4 @@
-"""`python -m inference.bench.lab_impact`: how much a lab stepping beside a live engine slows the live batch.
+"""`python -m bench.lab_impact`: how much a lab stepping beside a live engine slows the live batch.
 
 A StreamingEngine (a worker's engine loop) serves a fixed chat-like workload (all requests at t=0, greedy,
 EOS ignored) while another thread plays lab scenarios at the page's fastest speed (5 steps a second) in

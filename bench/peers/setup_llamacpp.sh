@@ -3,7 +3,7 @@
 # sdist carries (~13 min on 2 cores). GGML_NATIVE is off and the ISA is spelled out from /proc/cpuinfo's flags: on
 # VMs whose CPU reports AMX that the hypervisor does not enable, a native build dies with SIGILL in an AMX kernel, so
 # AMX stays off; AVX-512 is on only where the CPU reports it (an AVX2-only AMD EPYC would die on it).
-# Idempotent: an existing binary is left alone. Run it once before `python -m inference.bench`.
+# Idempotent: an existing binary is left alone. Run it once before `python -m bench`.
 set -euo pipefail
 VERSION=11434.0.0
 PEERS_DIR="${PAGED_PLAYGROUND_PEERS:-${PAGED_PLAYGROUND_CACHE:-$HOME/.cache/paged-playground}/peers}"

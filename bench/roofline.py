@@ -56,7 +56,7 @@ def prompts(batch: int, length: int = PROMPT_TOKENS) -> list[list[int]]:
 
 def ours_decode_step_s(engine: LLMEngine, batch: int, steps: int, context: int = PROMPT_TOKENS) -> float:
     """Median wall time of a decode step with `batch` running sequences of ~`context` tokens (prefill excluded),
-    after two warm-up steps: the same statistic the vLLM runner reports (inference/bench/peers/vllm_runner.py).
+    after two warm-up steps: the same statistic the vLLM runner reports (bench/peers/vllm_runner.py).
 
     The first prompts prefilled start decoding while the rest are still prefilling, so every sequence may
     generate for as many steps as the prefill takes before the timing starts: max_tokens covers that, and
@@ -86,7 +86,7 @@ def ours_decode_step_s(engine: LLMEngine, batch: int, steps: int, context: int =
 
 def hf_decode_step_s(model: Any, batch: int, steps: int) -> float:
     """Mean wall time of an HF `generate` decode step at `batch` rows (the first, prefill, step excluded)."""
-    from inference.bench.engines.hf_static import generate_padded
+    from bench.engines.hf_static import generate_padded
 
     clock, _ = generate_padded(model, prompts(batch), steps + 1, model.config.pad_token_id or 0)
     return (clock.times[-1] - clock.times[0]) / steps

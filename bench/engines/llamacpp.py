@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from inference.bench.engines.base import ArrivalClock, EngineRun, RunConfig
-from inference.bench.kv import SequenceSpan, fixed_pool_timeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import Workload
+from bench.engines.base import ArrivalClock, EngineRun, RunConfig
+from bench.kv import SequenceSpan, fixed_pool_timeline
+from bench.stats import RequestTiming
+from bench.workloads import Workload
 from inference.model_loader import BUILTIN_MODELS, DEFAULT_MODEL
 
 NAME = "llamacpp"

@@ -1,4 +1,4 @@
-"""`python -m inference.bench`: our engine against its peers on the same seeded workloads, in one run.
+"""`python -m bench`: our engine against its peers on the same seeded workloads, in one run.
 
 Every figure that matters is a ratio measured in a single run, because these machines are shared and noisy.
 Modules, one job each:

@@ -1,4 +1,4 @@
-"""`python -m inference.bench.block_hashes`: what prefix-cache keying costs the scheduler, per prompt and per step.
+"""`python -m bench.block_hashes`: what prefix-cache keying costs the scheduler, per prompt and per step.
 
 Times, in one run and with no model, the block manager's own work for
 - a new 2,048-token prompt: hashing its 128 blocks of 16 (and looking each up) on a miss, and the same prompt

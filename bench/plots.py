@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from inference.bench.engines.base import EngineRun  # noqa: E402
+from bench.engines.base import EngineRun  # noqa: E402
 
 MIB = 1024**2
 

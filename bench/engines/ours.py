@@ -14,10 +14,10 @@ from typing import Any
 from tqdm import tqdm
 
 from inference import LLM, LLMEngine, SamplingParams
-from inference.bench.engines.base import ArrivalClock, EngineRun, RunConfig
-from inference.bench.kv import KVSample, KVTimeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import BenchRequest, Workload
+from bench.engines.base import ArrivalClock, EngineRun, RunConfig
+from bench.kv import KVSample, KVTimeline
+from bench.stats import RequestTiming
+from bench.workloads import BenchRequest, Workload
 
 NAME = "ours"
 # Counters that grow over the engine's life; the adapter reports their growth during the timed run only.
@@ -63,7 +63,7 @@ def run(
 ) -> EngineRun:
     """Serve `workload` on our engine; `track_sharing` also samples the block map (ref counts) every step."""
     if any(r.beam_width > 1 for r in workload.requests):
-        raise ValueError("beam requests go through inference.bench.experiments.beam_sharing, not run()")
+        raise ValueError("beam requests go through bench.experiments.beam_sharing, not run()")
     engine = engine or make_engine(config, enable_prefix_caching)
     base = engine.metrics(block_map=False)
     bs = config.block_size

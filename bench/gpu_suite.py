@@ -1,4 +1,4 @@
-"""The prepared GPU run (issue 19): ``python -m inference.bench.gpu_suite --out gpu.json``, about 5 minutes on one
+"""The prepared GPU run (issue 19): ``python -m bench.gpu_suite --out gpu.json``, about 5 minutes on one
 GPU, with every figure of BENCHMARKS.md's GPU table, saved to JSON after each section.
 
 1. ``kernels``: the kernel tests compiled on the GPU (slow ones included: every dtype and block size they cover),
@@ -9,7 +9,7 @@ GPU, with every figure of BENCHMARKS.md's GPU table, saved to JSON after each se
    float32 (they should be equal) and bfloat16 (agreement reported, and ours against our own float32).
 3. ``throughput``: a 256-request chat workload in bfloat16 on the SmolLM2-shaped model, our engine's pool sized by
    ``gpu_memory_utilization=0.9`` against HF ``generate`` in static padded batches under the same KV memory
-   (``inference.bench``'s own adapters and KV accounting: blocks held, slot utilisation, preemptions).
+   (``bench``'s own adapters and KV accounting: blocks held, slot utilisation, preemptions).
 
 A section that fails is saved with its traceback and the next one still runs. Without CUDA (or with
 ``--cpu-smoke``) the same code runs on tiny shapes on the CPU, so the test suite keeps every path working
@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from inference.bench import workloads
-from inference.bench.engines import hf_static, ours
-from inference.bench.engines.base import RunConfig
-from inference.bench.kv import KVGeometry
+from bench import workloads
+from bench.engines import hf_static, ours
+from bench.engines.base import RunConfig
+from bench.kv import KVGeometry
 from inference.model_loader import TOKENIZER_FILES
 from kernels import bench as kernel_bench
 
@@ -98,7 +98,7 @@ CPU_PLAN = Plan((TINY,), (5, 17, 40), 6, TINY, workloads.WorkloadSpec(4, (20, 60
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference.bench.gpu_suite", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_suite", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the results (rewritten per section)")
     parser.add_argument("--tokenizer", type=Path, help="folder with the tokenizer files (default: the built-in model)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")

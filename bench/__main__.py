@@ -1,5 +1,5 @@
-"""`python -m inference.bench`: our engine against HF transformers (static and continuous batching),
-llama.cpp and vLLM's CPU backend (when installed: `inference/bench/peers/setup_*.sh`) on the same seeded
+"""`python -m bench`: our engine against HF transformers (static and continuous batching),
+llama.cpp and vLLM's CPU backend (when installed: `bench/peers/setup_*.sh`) on the same seeded
 workloads in one run, plus the sharing, fixed-budget, roofline and decode-step experiments. `--json` prints one JSON object; `--plot DIR` writes PNGs; `--quick` is a smoke run.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from inference.bench import experiments, plots, quantization, report, roofline, vs_vllm, workloads
-from inference.bench.engines import hf_continuous, hf_static, llamacpp, llamacpp_server, ours
-from inference.bench.engines.base import EngineRun, RunConfig
-from inference.bench.kv import KVGeometry
+from bench import experiments, plots, quantization, report, roofline, vs_vllm, workloads
+from bench.engines import hf_continuous, hf_static, llamacpp, llamacpp_server, ours
+from bench.engines.base import EngineRun, RunConfig
+from bench.kv import KVGeometry
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 ENGINES = ("ours", "hf_static", "hf_static_maxlen", "hf_continuous", "llamacpp", "llamacpp_server")
@@ -53,7 +53,7 @@ QUICK = Mode("quick", workloads.QUICK_SPECS, kv_blocks=256, max_model_len=512, r
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m inference.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="one-minute smoke run: tiny workloads, few tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG figures into DIR")

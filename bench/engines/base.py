@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference.bench.kv import KVGeometry, KVTimeline
-from inference.bench.stats import RequestTiming, latency_figures
-from inference.bench.workloads import BenchRequest
+from bench.kv import KVGeometry, KVTimeline
+from bench.stats import RequestTiming, latency_figures
+from bench.workloads import BenchRequest
 from inference.model_loader import cache_dir
 
 
@@ -29,7 +29,7 @@ class RunConfig:
     """The shared budget: every engine gets the same KV slots, sequence limit and model.
 
     `kv_budget_tokens=None` lets our engine size its pool itself (on CUDA by `gpu_memory_utilization`); the
-    caller then sets the budget the peers get from the blocks it took (inference/bench/gpu_suite.py).
+    caller then sets the budget the peers get from the blocks it took (bench/gpu_suite.py).
     """
 
     model_path: Path

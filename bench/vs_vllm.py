@@ -23,10 +23,10 @@ from dataclasses import replace
 from typing import Any
 
 from inference import LLMEngine
-from inference.bench import roofline
-from inference.bench.engines import ours, vllm_cpu
-from inference.bench.engines.base import RunConfig
-from inference.bench.workloads import Workload
+from bench import roofline
+from bench.engines import ours, vllm_cpu
+from bench.engines.base import RunConfig
+from bench.workloads import Workload
 
 DECODE_STEPS = 6
 MIN_TASK_S = 10.0  # seconds each engine spends on a task in a round, at least: short tasks are repeated

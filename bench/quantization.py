@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from inference import LLMEngine, SamplingParams
-from inference.bench.engines import llamacpp_server, ours
-from inference.bench.engines.base import RunConfig
-from inference.bench.workloads import Workload
+from bench.engines import llamacpp_server, ours
+from bench.engines.base import RunConfig
+from bench.workloads import Workload
 from inference.linear import Linear
 from inference.model import AttentionMetadata
 

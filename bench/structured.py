@@ -1,4 +1,4 @@
-"""`python -m inference.bench.structured`: what the grammar mask costs, measured as ratios in one run.
+"""`python -m bench.structured`: what the grammar mask costs, measured as ratios in one run.
 
 1. Schema compile time: each schema compiled cold (a fresh `StructuredOutputManager`, so nothing is
    cached), and the cost of a cache hit.

@@ -23,10 +23,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from inference.bench.engines.base import ArrivalClock, EngineRun, RunConfig
-from inference.bench.kv import StaticBatch, contiguous_timeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import BenchRequest, Workload
+from bench.engines.base import ArrivalClock, EngineRun, RunConfig
+from bench.kv import StaticBatch, contiguous_timeline
+from bench.stats import RequestTiming
+from bench.workloads import BenchRequest, Workload
 
 NAME = "hf_static"
 MAXLEN_NAME = "hf_static_maxlen"

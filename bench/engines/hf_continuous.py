@@ -16,11 +16,11 @@ from tqdm import tqdm
 from transformers import GenerationConfig, GenerationMixin
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from inference.bench.engines import hf_static
-from inference.bench.engines.base import ArrivalClock, EngineRun, RunConfig
-from inference.bench.kv import SequenceSpan, paged_timeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import Workload
+from bench.engines import hf_static
+from bench.engines.base import ArrivalClock, EngineRun, RunConfig
+from bench.kv import SequenceSpan, paged_timeline
+from bench.stats import RequestTiming
+from bench.workloads import Workload
 
 NAME = "hf_continuous"
 NO_EOS = -1  # the manager's value for "never stop at EOS"

@@ -1,4 +1,4 @@
-"""`python -m inference.bench.tensor_parallel`: decode step time and tok/s at several tensor-parallel sizes,
+"""`python -m bench.tensor_parallel`: decode step time and tok/s at several tensor-parallel sizes,
 with the time rank 0 spends in collectives measured apart.
 
 For each size a fresh engine holds `--batch` sequences of `--prompt-len` seeded random tokens past their
@@ -7,8 +7,8 @@ all-reduces, the logits' gather and the step's broadcast (`Group.seconds`) is re
 time includes waiting for the slowest rank, so on an oversubscribed CPU it holds the ranks' imbalance too.
 On CPU every rank (rank 0 included) runs `cpu_threads_per_rank(N)` torch threads.
 
-    python -m inference.bench.tensor_parallel --tp 1,3                          # CPU, gloo
-    python -m inference.bench.tensor_parallel --device cuda --dtype bfloat16 \\
+    python -m bench.tensor_parallel --tp 1,3                          # CPU, gloo
+    python -m bench.tensor_parallel --device cuda --dtype bfloat16 \\
         --model /models/Llama-3.2-1B-Instruct --tp 1,2,4                         # CUDA, NCCL
 
 SmolLM2 (the default model: 9 query / 3 KV heads) splits over 1 or 3 ranks only; for 2, 4 or 8 GPUs pass a
@@ -84,7 +84,7 @@ def _measure(size: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m inference.bench.tensor_parallel",
+    parser = argparse.ArgumentParser(prog="python -m bench.tensor_parallel",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--tp", default="1,3", help="comma-separated tensor-parallel sizes")
     parser.add_argument("--model", default=DEFAULT_MODEL)

@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from inference.bench.engines.base import EngineRun, RunConfig, peers_dir
-from inference.bench.kv import SequenceSpan, fixed_pool_timeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import Workload
+from bench.engines.base import EngineRun, RunConfig, peers_dir
+from bench.kv import SequenceSpan, fixed_pool_timeline
+from bench.stats import RequestTiming
+from bench.workloads import Workload
 
 NAME = "vllm"
 PEERS = Path(__file__).resolve().parents[1] / "peers"
@@ -44,7 +44,7 @@ def available() -> bool:
 
 
 def unavailable_reason() -> str:
-    return f"vLLM CPU is not installed in {venv()}; run bash {SETUP.relative_to(PEERS.parents[2])}"
+    return f"vLLM CPU is not installed in {venv()}; run bash {SETUP.relative_to(PEERS.parents[1])}"
 
 
 def kv_cache_gib(config: RunConfig) -> int:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from inference.bench import gpu_suite
+from bench import gpu_suite
 
 
 @pytest.mark.slow

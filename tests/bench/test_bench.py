@@ -17,11 +17,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.bench import kv, report, vs_vllm, workloads
-from inference.bench.engines import llamacpp_server, vllm_cpu
-from inference.bench.engines.base import RunConfig
-from inference.bench.engines.hf_static import static_batch_size
-from inference.bench.stats import RequestTiming, latency_figures, percentile
+from bench import kv, report, vs_vllm, workloads
+from bench.engines import llamacpp_server, vllm_cpu
+from bench.engines.base import RunConfig
+from bench.engines.hf_static import static_batch_size
+from bench.stats import RequestTiming, latency_figures, percentile
 from inference.model_loader import DEFAULT_MODEL, resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ ENGINE_KEYS = [
 def quick_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run(
-        [sys.executable, "-m", "inference.bench", "--quick", "--json", "--plot", str(out / "plots"),
+        [sys.executable, "-m", "bench", "--quick", "--json", "--plot", str(out / "plots"),
          "--workloads", str(out / "workloads")],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
@@ -256,7 +256,7 @@ def test_report_renders_a_saved_result(quick_result, tmp_path):
     result, _ = quick_result
     saved = tmp_path / "result.json"
     saved.write_text(json.dumps(result))
-    proc = subprocess.run([sys.executable, "-m", "inference.bench", "--report", str(saved)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "bench", "--report", str(saved)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
@@ -277,8 +277,8 @@ def test_static_batch_never_outgrows_the_budget(tokenizer):
 
 
 def test_dtype_option_reaches_our_engine_and_its_kv_geometry():
-    from inference.bench.__main__ import parse_args
-    from inference.bench.engines import ours
+    from bench.__main__ import parse_args
+    from bench.engines import ours
     from transformers import AutoConfig
 
     args = parse_args(["--dtype", "bfloat16"])
@@ -292,7 +292,7 @@ def test_dtype_option_reaches_our_engine_and_its_kv_geometry():
 
 
 def test_lora_bench_writes_adapters_the_engine_loads(tmp_path):
-    from inference.bench.lora import write_random_adapter
+    from bench.lora import write_random_adapter
     from inference.lora import TARGET_MODULES, LoRARequest, load_adapter
     from inference.model import ModelConfig
 

@@ -12,10 +12,10 @@ from dataclasses import replace
 from typing import Any
 
 from inference import BeamSearchParams
-from inference.bench import kv
-from inference.bench.engines import ours
-from inference.bench.engines.base import EngineRun, RunConfig
-from inference.bench.workloads import Workload
+from bench import kv
+from bench.engines import ours
+from bench.engines.base import EngineRun, RunConfig
+from bench.workloads import Workload
 
 
 def prefix_caching(workload: Workload, config: RunConfig, progress: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`python -m inference.bench.lora`: decode throughput with 0, 1 and 4 LoRA adapters mixed, against the base model.
+"""`python -m bench.lora`: decode throughput with 0, 1 and 4 LoRA adapters mixed, against the base model.
 
 One seeded `chat` workload (EOS ignored, so every configuration generates the same tokens) runs on
 - `base`: an engine without LoRA;
@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from inference import LLM, LoRARequest, SamplingParams
-from inference.bench import workloads
+from bench import workloads
 from inference.lora import TARGET_MODULES, module_shapes
 from inference.model import ModelConfig
 from inference.model_loader import DEFAULT_MODEL, resolve_model

