@@ -2,7 +2,7 @@
 GPU, with every figure of BENCHMARKS.md's GPU table, saved to JSON after each section.
 
 1. ``kernels``: the kernel tests compiled on the GPU (slow ones included: every dtype and block size they cover),
-   then ``kernels.bench``'s attention table: decode at batch 64 x 4,096 and other shapes, Triton against the
+   then ``bench.kernels``'s attention table: decode at batch 64 x 4,096 and other shapes, Triton against the
    torch reference and SDPA over the same K/V gathered contiguous, bandwidth against the measured copy bandwidth.
 2. ``oracle``: random-weight models of SmolLM2-135M's shape and of Llama-3.2-1B's layer shapes, built on the device
    (no weights travel); our engine's greedy tokens against HF transformers' ``generate`` on the same weights, in
@@ -43,7 +43,7 @@ from bench.engines import hf_static, ours
 from bench.engines.base import RunConfig
 from bench.kv import KVGeometry
 from inference.model_loader import TOKENIZER_FILES
-from kernels import bench as kernel_bench
+from bench import kernels as kernel_bench
 
 VOCAB_SIZE = 49152  # SmolLM2's tokenizer, shared by every random model here
 BEAM_WIDTH, BEAM_PROMPTS = 4, 3  # beam search checked on the first prompts, half the greedy length

@@ -1,4 +1,4 @@
-"""The kernels' GPU check: ``python -m kernels.bench`` (a minute or two on one GPU).
+"""The kernels' GPU check: ``python -m bench.kernels`` (a minute or two on one GPU).
 
 On CUDA it (1) runs the kernel tests on the GPU, (2) times paged decode attention (batch 64 x context 4096
 and a few other shapes) and one varlen prefill with ``triton.testing.do_bench`` against the torch reference
@@ -97,7 +97,7 @@ class Row:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU (automatic without CUDA)")
     parser.add_argument("--skip-tests", action="store_true", help="do not run the kernel tests first")
     parser.add_argument("--full-tests", action="store_true", help="also run the tests marked slow")
@@ -148,7 +148,7 @@ def run_kernel_tests(on_gpu: bool, full: bool, timeout_s: float = 900) -> Kernel
     env = {**os.environ, "TRITON_INTERPRET": "0" if on_gpu else "1", "PYTHONPATH": path}
     tests = REPO / "tests" / "kernels"
     command = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider",
-               "--ignore", str(tests / "test_kernel_bench.py"), *([] if full else ["-m", "not slow"])]
+               *([] if full else ["-m", "not slow"])]
     if on_gpu and importlib.util.find_spec("xdist") is not None:
         command += ["-n", "8"]
     where = "GPU" if on_gpu else "CPU interpreter"
