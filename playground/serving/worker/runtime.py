@@ -77,7 +77,7 @@ class WorkerRuntime:
     def _load(self) -> None:
         """Load the engine, then freeze the heap: the model's, Django's and the modules' objects live as long
         as the process, and scanning them in every full garbage collection paused all threads, the engine's
-        and the event loop's, for 50-250 ms a few times a minute under load (measured with bench_ws)."""
+        and the event loop's, for 50-250 ms a few times a minute under load (measured with `python -m bench.serving`)."""
         self.service.load()
         gc.collect()
         gc.freeze()

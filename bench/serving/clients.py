@@ -24,7 +24,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
-from ..worker.engine_service import EngineService
+from playground.serving.worker.engine_service import EngineService
 
 TOPICS = (
     "the sea", "a lighthouse", "autumn leaves", "a lost key", "mountains", "a city at night", "rain", "a robot",

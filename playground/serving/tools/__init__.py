@@ -1,1 +1,0 @@
-"""Measurement tools (run by management commands), not part of serving a request."""

@@ -1,0 +1,64 @@
+"""The serving benchmark's arithmetic, and `python -m bench.serving` itself on a small workload (slow)."""
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from bench.serving import clients as bench
+from tests.playground.live_stack import ENGINE_ENV, REPO, free_port
+
+
+class CharTokenizer:
+    """Token id i decodes to VOCAB[i]; 0 is an end-of-sequence marker with no text."""
+
+    VOCAB = {0: "", 1: "ab", 2: "c", 3: "de"}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.VOCAB[i] for i in ids)
+
+
+def finished(token_ids, token_times):
+    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=token_ids)],
+                           metrics=SimpleNamespace(token_times=token_times))  # fmt: skip
+
+
+def test_each_token_is_timed_to_the_frame_that_completes_its_text():
+    finals = {"r": finished([1, 2, 3, 0], [1.0, 2.0, 3.0, 3.5])}
+    # Frames: "ab" at 1.25 (2 chars), "cde" at 3.5 (5 chars): token 2 waited for coalescing.
+    results = [bench.Delivery("ws", "r", [(1.25, 2), (3.5, 5)], 4, "abcde")]
+    assert bench.delivery_delays(results, finals, CharTokenizer()) == pytest.approx([0.25, 1.5, 0.5])
+
+
+def test_report_row():
+    delays = {"ws": [0.01, 0.02, 0.03], "api": [0.04]}
+    row = bench.report(2, 1, 8, bench.Run(100, 2.0), bench.Run(95, 2.0), delays, 30).splitlines()[-1]
+    assert "| 2 | 1 | 8 | 50.0 (100 tok / 2.0 s) | 47.5 (95 tok / 2.0 s) | 95.0% |" in row
+    assert "| 20.0 ms / 29.8 ms | 40.0 ms / 40.0 ms | 39.7 ms |" in row and row.endswith("| 30 ms |")
+
+
+def test_delivered_texts_are_checked_against_the_engines():
+    finals = {"a": SimpleNamespace(outputs=[SimpleNamespace(text="hello")]),
+              "b": SimpleNamespace(outputs=[SimpleNamespace(text="world")])}  # fmt: skip
+    results = [bench.Delivery("ws", "a", [], 1, "hello"), bench.Delivery("api", "b", [], 1, "worl")]
+    assert bench.mismatched_texts(results, finals) == ["b"]
+
+
+def test_workload_prompts_are_distinct():
+    chats = bench.workload(40)
+    assert len({chat[0]["content"] for chat in chats}) == 40
+
+
+@pytest.mark.slow
+def test_serving_bench_streams_websocket_and_api_clients_at_once_and_checks_their_texts(tmp_path):
+    """`python -m bench.serving` end to end, small: both kinds of clients complete with the engine's texts."""
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+    env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "bench.serving", "--clients", "4", "--api-clients", "4",
+                           "--max-tokens", "8", "--port", str(free_port())],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "all 8 delivered texts equal the engine's" in done.stdout
+    row = done.stdout.strip().splitlines()[2]
+    assert row.startswith("| 4 | 4 | 8 |")
