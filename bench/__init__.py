@@ -1,4 +1,6 @@
-"""`python -m bench`: our engine against its peers on the same seeded workloads, in one run.
+"""The benchmarks, kept outside the engine (`inference` never imports them). `python -m bench`: our engine against
+its peers on the same seeded workloads, in one run; `bench.kernels`, `bench.serving` and `bench.gpu_suite` measure
+the kernels, the web path and a GPU; `bench.render` turns the records in `bench/results/` into BENCHMARKS.md.
 
 Every figure that matters is a ratio measured in a single run, because these machines are shared and noisy.
 Modules, one job each:
@@ -11,4 +13,8 @@ Modules, one job each:
 - `experiments`  prefix caching on/off, n=4 sharing, beam sharing, fixed budget, concurrency sweep
 - `report`       text tables, ratios and target verdicts
 - `plots`        PNG figures (matplotlib, Agg)
+- `kernels`      the attention kernels timed alone (Triton, the torch reference, contiguous SDPA)
+- `serving/`     tokens through websockets and the streaming API against the bare engine (embedded stack)
+- `gpu_suite`    the prepared GPU run: kernel tests, bandwidth, the HF oracle, throughput
+- `render`       BENCHMARKS.md and README's headline from `bench/results/*.json`
 """
