@@ -162,7 +162,7 @@ def targets_table(result: dict[str, Any]) -> str:
 
 
 def text_report(result: dict[str, Any]) -> str:
-    """The human-readable report printed at the end of a run (markdown, so it pastes into BENCHMARKS.md)."""
+    """The human-readable report printed at the end of a run (markdown; figures worth keeping become records)."""
     parts = []
     if result["engines"]:
         parts += [f"## chat workload ({result['workload']['num_requests']} requests, "
