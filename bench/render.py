@@ -9,8 +9,14 @@ record has two `columns` (ours, then the other engine or setting) and each round
 The rendering never quotes one round as the result: each comparison shows the median ratio, the spread of the
 rounds (min-max) and a reading of the rounds that calls a ratio within `LEVEL` of 1 a tie. A lead of a few
 percent on machines that drift by more than that is not a win, and a table that disagrees with itself says so.
-Numbers come from a raw result file (`raw` lists one file per round; each row's `paths` say where in it) or,
-where the only record of a figure was the text of an old report, from `rounds` transcribed from that report.
+Numbers come from raw result files (`raw`: what `python -m bench ... --out FILE` saved; each row's `paths` say
+where in it, `*` for a list of rounds, and each file adds its rounds) or, where the only record of a figure was
+the text of an old report, from `rounds` transcribed from that report.
+
+To add a result: run the bench with `--out bench/results/raw/<date>-<what>.json`, add a record that points at it,
+e.g. for `--experiments vs-vllm --vllm-rounds 3` rows with
+`"paths": ["vs_vllm.rounds.*.ours.chat.output_tokens_per_s", "vs_vllm.rounds.*.vllm.chat.output_tokens_per_s"]`,
+then run `python -m bench.render` and commit the three files.
 """
 
 from __future__ import annotations
@@ -87,8 +93,11 @@ def _row(path: Path, record: dict[str, Any], row: dict[str, Any]) -> Row:
     if "better" not in row or row["better"] not in ("higher", "lower"):
         raise ValueError(f"{path.name}: row {row.get('figure')!r} needs better: higher or lower")
     if "raw" in record:
-        rounds = [[_lookup(json.loads((REPO / raw).read_text()), dotted) for dotted in row["paths"]]
-                  for raw in record["raw"]]
+        rounds = []
+        for raw in record["raw"]:
+            result = json.loads((REPO / raw).read_text())
+            rounds += [list(values) for values in zip(*(_lookup(result, dotted) for dotted in row["paths"]),
+                                                      strict=True)]
     else:
         rounds = row["rounds"]
     rounds = [[float(v) for v in values] if isinstance(values, list) else [float(values)] for values in rounds]
@@ -97,11 +106,14 @@ def _row(path: Path, record: dict[str, Any], row: dict[str, Any]) -> Row:
     return Row(row["figure"], row.get("unit", ""), row["better"] == "higher", rounds, row.get("headline", False))
 
 
-def _lookup(result: dict[str, Any], dotted: str) -> float:
-    value: Any = result
-    for key in dotted.split("."):
-        value = value[key]
-    return value
+def _lookup(result: Any, dotted: str) -> list[float]:
+    """The values at a dotted path of a raw result; a `*` step fans out over a list (one value per round, as in
+    `vs_vllm.rounds.*.ours.chat.output_tokens_per_s`)."""
+    key, _, rest = dotted.partition(".")
+    items = result if key == "*" else [result[key]]
+    if not rest:
+        return list(items)
+    return [value for item in items for value in _lookup(item, rest)]
 
 
 def reading(ratios: list[float]) -> str:

@@ -58,6 +58,19 @@ def test_rounds_can_come_from_raw_result_files(tmp_path, monkeypatch):
     assert render.load_records(tmp_path)[0]["rows"][0].rounds == [[80.0, 40.0], [90.0, 30.0]]
 
 
+def test_a_raw_file_with_rounds_inside_gives_one_round_each(tmp_path, monkeypatch):
+    monkeypatch.setattr(render, "REPO", tmp_path)
+    rounds = [{"ours": {"decode_128": {"step_s": 0.040}}, "vllm": {"decode_128": {"step_s": 0.044}}},
+              {"ours": {"decode_128": {"step_s": 0.042}}, "vllm": {"decode_128": {"step_s": 0.042}}}]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "run.json").write_text(json.dumps({"vs_vllm": {"rounds": rounds}}))
+    write(tmp_path, "a", raw=["raw/run.json"], rows=[{"figure": "step", "better": "lower", "paths": [
+        "vs_vllm.rounds.*.ours.decode_128.step_s", "vs_vllm.rounds.*.vllm.decode_128.step_s"]}])
+    row = render.load_records(tmp_path)[0]["rows"][0]
+    assert row.rounds == [[0.040, 0.044], [0.042, 0.042]]
+    assert row.ratios() == pytest.approx([1.1, 1.0])
+
+
 @pytest.mark.parametrize("broken, message", [
     ({"commit": None}, "missing commit"),
     ({"rows": [{"figure": "chat", "rounds": [[1, 2]]}]}, "needs better"),
