@@ -52,9 +52,12 @@ calls a round within 5% of 1 a tie: "ahead" or "behind" only when every round is
 The machines are shared VMs whose speed moves by more than that between runs, so a lead of a few percent is
 not a result. Timed figures on 2-vCPU machines are not comparable across machines; ratios measured in one run are.
 
-What was tried and dropped, and why: [docs/performance-notes.md](docs/performance-notes.md). The GPU run, the
-peers' setup and every bench: `python -m bench --help`, `python -m bench.gpu_suite --help`,
-`python -m bench.serving --help`, `bash bench/peers/setup_vllm.sh`, `bash bench/peers/setup_llamacpp.sh`.
+Commands are written with today's module names (`python -m bench` was `python -m inference.bench`, and
+`python -m bench.serving` was `python manage.py bench_ws`). To add a result, see `bench/render.py`: save the run
+with `--out bench/results/raw/...`, add a record pointing at it, re-render. What was tried and dropped, and why:
+[docs/performance-notes.md](docs/performance-notes.md). Every bench: `python -m bench --help`,
+`python -m bench.gpu_suite --help`, `python -m bench.serving --help`; the peers: `bash bench/peers/setup_vllm.sh`,
+`bash bench/peers/setup_llamacpp.sh`.
 """
 
 
