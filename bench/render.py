@@ -99,10 +99,15 @@ def _row(path: Path, record: dict[str, Any], row: dict[str, Any]) -> Row:
         rounds = []
         for raw in record["raw"]:
             result = json.loads((REPO / raw).read_text())
-            rounds += [list(values) for values in zip(*(_lookup(result, dotted) for dotted in row["paths"]),
-                                                      strict=True)]
+            try:
+                columns = [_lookup(result, dotted) for dotted in row["paths"]]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ValueError(f"{path.name}: {raw} has no {exc} for row {row['figure']!r}") from exc
+            if len({len(column) for column in columns}) > 1:
+                raise ValueError(f"{path.name}: row {row['figure']!r}: its paths give different numbers of rounds")
+            rounds += [list(values) for values in zip(*columns)]
     else:
-        rounds = row["rounds"]
+        rounds = row.get("rounds", [])
     rounds = [[float(v) for v in values] if isinstance(values, list) else [float(values)] for values in rounds]
     if not rounds or any(len(values) != width for values in rounds):
         raise ValueError(f"{path.name}: row {row['figure']!r} needs {width} value(s) in every round")

@@ -84,6 +84,16 @@ def test_a_record_without_its_provenance_or_with_ragged_rounds_is_refused(tmp_pa
         render.load_records(tmp_path)
 
 
+def test_a_raw_path_the_result_does_not_hold_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(render, "REPO", tmp_path)
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "run.json").write_text(json.dumps({"engines": {"ours": {"tps": 1.0}}}))
+    write(tmp_path, "a", raw=["raw/run.json"],
+          rows=[{"figure": "chat", "better": "higher", "paths": ["engines.ours.tps", "engines.hf.tps"]}])
+    with pytest.raises(ValueError, match="raw/run.json has no 'hf'"):
+        render.load_records(tmp_path)
+
+
 def test_the_readme_without_its_markers_is_refused():
     with pytest.raises(ValueError, match="markers"):
         render.with_headline("# README\n", "x")
