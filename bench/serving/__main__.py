@@ -16,7 +16,8 @@ LOAD_TIMEOUT_S = 600
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description="Tokens delivered through websockets "
+                                     "and the streaming API against the bare engine, on the embedded stack.")
     parser.add_argument("--clients", type=int, default=32, help="websocket chat clients")
     parser.add_argument("--api-clients", type=int, default=0, help="streaming API chat clients, at the same time")
     parser.add_argument("--max-tokens", type=int, default=64)
