@@ -228,6 +228,9 @@ PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)
 PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
 # Every accepted request ends (reply or error) within this many seconds of its admission.
 PLAYGROUND_REQUEST_DEADLINE_S = env_int("PLAYGROUND_REQUEST_DEADLINE_S", 600, minimum=1)
+# On SIGTERM a worker drains: it tells the registry at once, finishes what it holds within this many seconds,
+# then cuts the rest with an error frame (docker-compose.yml's stop_grace_period must stay above it).
+PLAYGROUND_DRAIN_S = env_int("PLAYGROUND_DRAIN_S", 30, minimum=0)
 # A worker's heartbeats lists the requests it serves; unlisted this long without a `gen.done`: the reply was lost.
 PLAYGROUND_LOST_REPLY_GRACE = 3.0
 
