@@ -10,6 +10,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from .envconfig import database_from_url, env_bool, env_int, env_list, env_lora_modules, secret_key_file
+from .logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
@@ -234,10 +235,8 @@ PLAYGROUND_DRAIN_S = env_int("PLAYGROUND_DRAIN_S", 30, minimum=0)
 # A worker's heartbeats lists the requests it serves; unlisted this long without a `gen.done`: the reply was lost.
 PLAYGROUND_LOST_REPLY_GRACE = 3.0
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
-}
+# PLAYGROUND_LOG_FORMAT=json: one JSON object a line, each with its request id (playground/logs.py).
+PLAYGROUND_LOG_FORMAT = os.environ.get("PLAYGROUND_LOG_FORMAT", "text")
+LOGGING = logging_config(PLAYGROUND_LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO"))
+# Celery's worker would replace the root logger's handlers with its own plain format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = PLAYGROUND_LOG_FORMAT != "json"

@@ -29,6 +29,7 @@ from celery.signals import celeryd_after_setup, worker_init, worker_shutdown, wo
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground import logs
 from playground.dashboard.publisher import SnapshotPublisher
 
 from ..shared import registry
@@ -207,6 +208,7 @@ class WorkerRuntime:
             body = {"request_id": request_id, **message}
             self.bridge.call(once_more(lambda: layer.group_send(group, body)), SEND_TIMEOUT_S)
 
+        bound = logs.request_id.set(request_id)  # this task thread's log lines, the engine call's included
         with self._lock:
             self._serving.add(request_id)
         try:
@@ -215,6 +217,7 @@ class WorkerRuntime:
         finally:
             with self._lock:
                 self._serving.discard(request_id)
+            logs.request_id.reset(bound)
 
     def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
              cache_salt: str | None, prompt: str | None, adapter: str | None,
