@@ -114,6 +114,7 @@ class WorkerRuntime:
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
             "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
+            "finished": self.publisher.latency.finish_reasons(),  # vllm:request_success_total
             "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
         }
 
@@ -254,6 +255,7 @@ class WorkerRuntime:
             with self._lock:
                 self._live.discard(request_id)
         self.publisher.observe(stream.final.metrics)
+        self.publisher.latency.count_finished([output["finish_reason"] for output in done["outputs"]])
         try:
             # Before `done`: a follow-up turn the client sends on it is routed by this entry (dispatch.py), which
             # must not still show the queue of up to a second ago, when this request was waiting.
