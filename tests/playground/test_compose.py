@@ -154,7 +154,8 @@ def test_dockerfile_builds_what_compose_runs(compose):
     copied = set(re.findall(r"^COPY (\S+)", runtime, flags=re.M))
     for needed in ("manage.py", "playground", "inference", "kernels", "templates", "static"):
         assert needed in copied and (REPO / needed).exists(), needed
-    assert compose["services"]["web"]["build"]["context"] == "."
+    for name in ("web", "worker"):
+        assert compose["services"][name]["build"]["context"] == "."
 
 
 def test_worker_health_says_ready_only_for_its_own_ready_entry(monkeypatch):
