@@ -45,15 +45,16 @@ async def until_state(name: str, state: str, timeout: float) -> float:
     return time.monotonic() - began
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_request_still_running_when_the_drain_time_ends_gets_an_error_frame(monkeypatch, settings):
-    settings.PLAYGROUND_DRAIN_S = 0.5
+def drain_mid_stream(monkeypatch, settings, drain_s: float, max_tokens: int):
+    """Start a stream of `max_tokens` (10 ms each), drain the worker after its first token: (the started
+    frame, every later frame, seconds until the registry said draining, seconds until the last frame, engine)."""
+    settings.PLAYGROUND_DRAIN_S = drain_s
     runtimes = capture_runtimes(monkeypatch)
 
     async def scenario():
         async with worker(monkeypatch, delay=0.01) as (engine, _):
             ws = await connect()
-            await ws.send_json_to(generate(LONG_FAKE, max_tokens=400))  # 4 s of tokens
+            await ws.send_json_to(generate(LONG_FAKE, max_tokens=max_tokens))
             started = await ws.receive_json_from(timeout=5)
             assert (await ws.receive_json_from(timeout=5))["type"] == "token"
             runtime = runtimes[0]
@@ -65,33 +66,26 @@ def test_a_request_still_running_when_the_drain_time_ends_gets_an_error_frame(mo
             await ws.disconnect()
             return started, frames, said_draining_after, ended_after, engine
 
-    started, frames, said_draining_after, ended_after, engine = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_still_running_when_the_drain_time_ends_gets_an_error_frame(monkeypatch, settings):
+    started, frames, said_draining_after, ended_after, engine = drain_mid_stream(monkeypatch, settings, 0.5, 400)
     assert said_draining_after < 0.3  # at once, not at the next heartbeat
     end = frames[-1]
     assert end["type"] == "error" and "shut down before this request finished" in end["message"], end
-    assert 0.5 <= ended_after < 2.0  # it had its drain time, then no more
+    assert 0.5 <= ended_after < 2.0  # it had its drain time (of a 4 s stream), then no more
     assert started["request_id"] in engine.aborted  # its blocks were freed by the engine
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_ends_within_the_drain_time_is_answered(monkeypatch, settings):
-    settings.PLAYGROUND_DRAIN_S = 5
-    runtimes = capture_runtimes(monkeypatch)
-
-    async def scenario():
-        async with worker(monkeypatch, delay=0.01) as (engine, _):
-            ws = await connect()
-            await ws.send_json_to(generate(LONG_FAKE, max_tokens=40))
-            await ws.receive_json_from(timeout=5)
-            runtimes[0].drain.begin()
-            frames = await until_end(ws)
-            await ws.disconnect()
-            return frames
-
-    frames = asyncio.run(scenario())
+    _, frames, said_draining_after, _, engine = drain_mid_stream(monkeypatch, settings, 5, 40)
+    assert said_draining_after < 0.3
     done = frames[-1]
     assert done["type"] == "done" and done["outputs"][0]["finish_reason"] == "length", done
-    assert done["usage"]["completion_tokens"] == 40
+    assert done["usage"]["completion_tokens"] == 40 and not engine.aborted
 
 
 async def turn(ws, conversation_id: str | None, content: str, max_tokens: int) -> None:
