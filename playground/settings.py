@@ -224,7 +224,9 @@ PLAYGROUND_LAB = {
 PLAYGROUND_LAB_REPLY_TIMEOUT_S = 30.0  # a lab page gets an error when its worker has not answered by then
 PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
 PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
-PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long
+# ...and is considered gone when it has not for this long (raise it on a CPU host so loaded that a worker's
+# heartbeat thread can starve behind its engine for seconds).
+PLAYGROUND_HEARTBEAT_TTL = float(env_int("PLAYGROUND_HEARTBEAT_TTL", 4, minimum=2))
 PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)  # queued, never picked up
 PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
 # Every accepted request ends (reply or error) within this many seconds of its admission.

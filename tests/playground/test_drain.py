@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_worker import connect, generate, until_end, worker
-from live_stack import LiveStack
+from live_stack import REPO, LiveStack
 from websockets.asyncio.client import connect as ws_connect
 
 from playground.serving.shared import registry
@@ -100,7 +100,8 @@ def test_a_sigtermed_worker_finishes_its_stream_while_follow_ups_go_to_the_other
     """Worker X served a conversation's first turn; its second turn, a long stream, is on X (sticky) when X
     gets SIGTERM. X's registry entry says draining at once, a third turn sent then is served by Y, X's stream
     completes (longer than 10 s) and X exits cleanly: nothing is lost."""
-    live = LiveStack(tmp_path, extra_env={"PLAYGROUND_TEST_STEP_S": "0.08", "PLAYGROUND_DRAIN_S": "60"})
+    live = LiveStack(tmp_path, extra_env={"PLAYGROUND_TEST_STEP_S": "0.08", "PLAYGROUND_DRAIN_S": "60",
+                                          "PYTHONPATH": str(REPO)})
     paced = [sys.executable, str(Path(__file__).with_name("paced_worker.py"))]
     try:
         live.start_web()
