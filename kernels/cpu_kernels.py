@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -189,7 +190,10 @@ def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
 
 
 def cache_root() -> Path:
-    """Where built extensions live: $PAGED_PLAYGROUND_CACHE/kernels, else ~/.cache/paged-playground/kernels."""
+    """Where built extensions live: $PAGED_PLAYGROUND_KERNELS (an image's read-only build, apart from the model
+    volume), else $PAGED_PLAYGROUND_CACHE/kernels, else ~/.cache/paged-playground/kernels."""
+    if os.environ.get("PAGED_PLAYGROUND_KERNELS"):
+        return Path(os.environ["PAGED_PLAYGROUND_KERNELS"])
     root = os.environ.get("PAGED_PLAYGROUND_CACHE") or Path.home() / ".cache" / "paged-playground"
     return Path(root) / "kernels"
 
@@ -216,9 +220,6 @@ def isa_flags() -> list[str]:
 @functools.cache
 def _build() -> tuple[ModuleType | None, str]:
     """Compile (or load the cached build of) the extension once per process: (module or None, why not)."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return None, f"no C++ compiler ({compiler!r} is not on PATH); install g++ to build the cpu kernels"
     from torch.utils import cpp_extension
 
     # -fopenmp: at::parallel_for is a header template over `#pragma omp parallel`, so without it the kernel
@@ -230,6 +231,13 @@ def _build() -> tuple[ModuleType | None, str]:
     ldflags = [f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"]
     tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags, *ldflags]).encode()).hexdigest()[:12]
     build_dir = cache_root() / f"paged_attention_cpu-{tag}"
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        prebuilt = build_dir / "paged_attention_cpu.so"
+        if prebuilt.is_file():  # compiled for this CPU and torch by the image's builder stage (Dockerfile)
+            return _load_prebuilt(prebuilt), ""
+        return None, (f"no C++ compiler ({compiler!r} is not on PATH) and no build for this CPU and torch in "
+                      f"{build_dir}; install g++ to build the cpu kernels")
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         # torch's own build lock is a plain file that a build killed midway leaves behind, and every later
@@ -243,6 +251,14 @@ def _build() -> tuple[ModuleType | None, str]:
     except (RuntimeError, OSError, ImportError) as exc:
         return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"
     return module, ""
+
+
+def _load_prebuilt(path: Path) -> ModuleType:
+    """Import an extension built earlier, without a compiler: a runtime image ships the builder stage's .so."""
+    spec = importlib.util.spec_from_file_location("paged_attention_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def extension() -> ModuleType:

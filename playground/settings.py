@@ -10,6 +10,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from .envconfig import database_from_url, env_bool, env_int, env_list, env_lora_modules, secret_key_file
+from .logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PLAYGROUND_VAR_DIR", BASE_DIR / "var"))
@@ -223,18 +224,21 @@ PLAYGROUND_LAB = {
 PLAYGROUND_LAB_REPLY_TIMEOUT_S = 30.0  # a lab page gets an error when its worker has not answered by then
 PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
 PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
-PLAYGROUND_HEARTBEAT_TTL = 4.0  # ...and is considered gone when it has not for this long
+# ...and is considered gone when it has not for this long (raise it on a CPU host so loaded that a worker's
+# heartbeat thread can starve behind its engine for seconds).
+PLAYGROUND_HEARTBEAT_TTL = float(env_int("PLAYGROUND_HEARTBEAT_TTL", 4, minimum=2))
 PLAYGROUND_ACCEPT_TIMEOUT = env_int("PLAYGROUND_ACCEPT_TIMEOUT", 120, minimum=1)  # queued, never picked up
 PLAYGROUND_NO_WORKER_GRACE = 8.0  # no live worker at all for this long -> error
 # Every accepted request ends (reply or error) within this many seconds of its admission.
 PLAYGROUND_REQUEST_DEADLINE_S = env_int("PLAYGROUND_REQUEST_DEADLINE_S", 600, minimum=1)
+# On SIGTERM a worker drains: it tells the registry at once, finishes what it holds within this many seconds,
+# then cuts the rest with an error frame (docker-compose.yml's stop_grace_period must stay above it).
+PLAYGROUND_DRAIN_S = env_int("PLAYGROUND_DRAIN_S", 30, minimum=0)
 # A worker's heartbeats lists the requests it serves; unlisted this long without a `gen.done`: the reply was lost.
 PLAYGROUND_LOST_REPLY_GRACE = 3.0
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
-}
+# PLAYGROUND_LOG_FORMAT=json: one JSON object a line, each with its request id (playground/logs.py).
+PLAYGROUND_LOG_FORMAT = os.environ.get("PLAYGROUND_LOG_FORMAT", "text")
+LOGGING = logging_config(PLAYGROUND_LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO"))
+# Celery's worker would replace the root logger's handlers with its own plain format.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = PLAYGROUND_LOG_FORMAT != "json"

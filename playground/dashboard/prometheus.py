@@ -60,6 +60,11 @@ HISTOGRAMS = [
     ("vllm:request_time_per_output_token_seconds", "Histogram of each request's mean time per output token.",
      "tpot"),
     ("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", "e2e"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent waiting before first scheduled, in seconds.",
+     "queue"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time from first scheduled to first token, in seconds.",
+     "prefill"),
+    ("vllm:request_decode_time_seconds", "Histogram of time from first to last token, in seconds.", "decode"),
 ]  # fmt: skip
 
 
@@ -78,10 +83,12 @@ def histogram_buckets(exported: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 class WorkerCollector(Collector):
-    """Renders the heartbeats `heartbeats()` returns (each {"name", "model", "metrics", "latency"})."""
+    """Renders the heartbeats `heartbeats()` returns (each {"name", "model", "metrics", "latency", "finished"})
+    and the queue backlog `backlog()` returns ({queue: waiting tasks})."""
 
-    def __init__(self, heartbeats) -> None:
+    def __init__(self, heartbeats, backlog) -> None:
         self.heartbeats = heartbeats
+        self.backlog = backlog
 
     def collect(self) -> Iterator[Metric]:
         workers = [w for w in self.heartbeats() if w.get("metrics")]  # a loading worker has no figures yet
@@ -94,6 +101,17 @@ class WorkerCollector(Collector):
                 if exported is not None:
                     family.add_metric(_labels(worker), histogram_buckets(exported), sum_value=exported["sum"])
             yield family
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=[*LABELS, "finished_reason"])
+        for worker in workers:
+            for reason, count in sorted((worker.get("finished") or {}).items()):
+                success.add_metric([*_labels(worker), reason], float(count))
+        yield success
+        backlog = GaugeMetricFamily("playground:queue_backlog", "Tasks waiting in each Celery queue (the shared "
+                                    "one and each worker's own): the autoscaling signal.", labels=["queue"])
+        for queue, waiting in sorted(self.backlog().items()):
+            backlog.add_metric([queue], float(waiting))
+        yield backlog
 
     @staticmethod
     def _families(kind, specs: Iterable[tuple[str, str, str]], workers: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -110,8 +128,9 @@ def _labels(worker: dict[str, Any]) -> list[str]:
     return [worker["name"], worker.get("model") or ""]
 
 
-def registry_for(heartbeats) -> CollectorRegistry:
-    """A registry holding only the workers' figures (not this web process' own Python metrics)."""
+def registry_for(heartbeats, backlog) -> CollectorRegistry:
+    """A registry holding only the workers' figures and the queues' backlog (not this web process' own Python
+    metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(heartbeats))
+    registry.register(WorkerCollector(heartbeats, backlog))
     return registry

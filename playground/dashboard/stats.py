@@ -28,7 +28,9 @@ class RequestTimes(Protocol):
     """What LatencyStats reads of `inference`'s RequestMetrics (perf_counter seconds)."""
 
     arrival_time: float
+    first_scheduled_time: float | None
     first_token_time: float | None
+    last_token_time: float | None
     finished_time: float | None
     token_times: list[float]
 
@@ -97,8 +99,14 @@ class LatencyStats:
             "itl": Histogram(ITL_BUCKETS),
             "tpot": Histogram(ITL_BUCKETS),
             "e2e": Histogram(E2E_BUCKETS),
+            # vLLM's phases of a request, with its request-latency bounds: arrival -> first scheduled (queue),
+            # -> first token (prefill), -> last token (decode).
+            "queue": Histogram(E2E_BUCKETS),
+            "prefill": Histogram(E2E_BUCKETS),
+            "decode": Histogram(E2E_BUCKETS),
         }
         self.finished = 0
+        self._finish_reasons: dict[str, int] = {}
 
     def observe(self, times: RequestTimes) -> None:
         """Record one finished request. Token times are those of its first sample (the engine keeps one
@@ -117,6 +125,23 @@ class LatencyStats:
                 self.histograms["tpot"].observe(sum(gaps) / len(gaps))
             if times.finished_time is not None:
                 self.histograms["e2e"].observe(times.finished_time - times.arrival_time)
+            phases = (("queue", times.arrival_time, times.first_scheduled_time),
+                      ("prefill", times.first_scheduled_time, times.first_token_time),
+                      ("decode", times.first_token_time, times.last_token_time))  # fmt: skip
+            for name, start, end in phases:
+                if start is not None and end is not None:
+                    self.histograms[name].observe(end - start)
+
+    def count_finished(self, reasons: list[str]) -> None:
+        """Count the finish reasons (stop, length, abort) of a request's outputs that ended with a reply."""
+        with self._lock:
+            for reason in reasons:
+                self._finish_reasons[reason] = self._finish_reasons.get(reason, 0) + 1
+
+    def finish_reasons(self) -> dict[str, int]:
+        """Cumulative outputs by finish reason, for vllm:request_success_total via the heartbeat."""
+        with self._lock:
+            return dict(self._finish_reasons)
 
     def summary(self) -> dict[str, Any]:
         """Recent percentiles in milliseconds, for the dashboard: `{"ttft_ms", "itl_ms", "requests"}`."""
@@ -128,6 +153,7 @@ class LatencyStats:
             }
 
     def export(self) -> dict[str, dict[str, Any]]:
-        """The cumulative histograms by name (ttft, itl, tpot, e2e), for Prometheus via the heartbeat."""
+        """The cumulative histograms by name (ttft, itl, tpot, e2e, queue, prefill, decode), for Prometheus
+        via the heartbeat."""
         with self._lock:
             return {name: histogram.export() for name, histogram in self.histograms.items()}

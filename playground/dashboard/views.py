@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from playground.serving.shared import registry
+from playground.serving.web import backlog
 
 from . import feed
 from .prometheus import registry_for
@@ -40,4 +41,5 @@ def recording(request: HttpRequest, worker: str) -> HttpResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """Every live worker's figures in Prometheus' text format (see prometheus.py and docs/metrics.md).
     Unauthenticated, as Prometheus scrapes it: it names workers and counts, never users or requests."""
-    return HttpResponse(generate_latest(registry_for(registry.live_workers)), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(registry_for(registry.live_workers, backlog.queue_backlog)),
+                        content_type=CONTENT_TYPE_LATEST)

@@ -4,6 +4,7 @@
  * Both pages hold a socket for their whole life; a server restart or a dropped proxy connection should cost
  * the user a short "reconnecting" badge, not a page reload. Reconnects back off exponentially up to a cap.
  */
+import { noteClose, noteOpen } from "./restart.js";
 
 /** The absolute ws:// or wss:// URL of a server path, matching the page's own scheme and host. */
 export function socketUrl(path) {
@@ -36,6 +37,7 @@ export class JsonSocket {
     const ws = new WebSocket(this.url);
     this.ws = ws;
     ws.addEventListener("open", () => {
+      noteOpen();
       this.delayMs = this.minDelayMs;
       this.onStatus("open");
     });
@@ -49,8 +51,9 @@ export class JsonSocket {
       }
       this.onMessage(msg);
     });
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (event) => {
       if (this.ws !== ws) return;
+      noteClose(event);
       this.ws = null;
       this.onStatus("closed");
       if (!this.stopped) this.scheduleReconnect();

@@ -98,6 +98,7 @@ def test_latency_stats_percentiles_and_histograms():
         arrival = 100.0 * i
         tokens = [arrival + 0.1 * (i + 1) + 0.02 * k for k in range(5)]  # TTFT 0.1·(i+1) s, 20 ms gaps
         stats.observe(SimpleNamespace(arrival_time=arrival, first_token_time=tokens[0], finished_time=tokens[-1],
+                                      first_scheduled_time=arrival, last_token_time=tokens[-1],
                                       token_times=tokens))  # fmt: skip
     summary = stats.summary()
     assert summary["requests"] == 10

@@ -10,16 +10,19 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from playground.celery import app as celery_app
 from playground.dashboard.prometheus import COUNTERS, GAUGES, HISTOGRAMS
 from playground.dashboard.stats import LatencyStats
 from playground.serving.shared import registry
+from playground.serving.shared.naming import GPU_QUEUE, TASK_NAME, worker_queue
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class Times:
-    def __init__(self, arrival: float, tokens: list[float]) -> None:
+    def __init__(self, arrival: float, tokens: list[float], queued_s: float = 0.0) -> None:
         self.arrival_time, self.first_token_time, self.finished_time = arrival, tokens[0], tokens[-1]
+        self.first_scheduled_time, self.last_token_time = arrival + queued_s, tokens[-1]
         self.token_times = tokens
 
 
@@ -115,3 +118,30 @@ def test_grafana_dashboard_queries_only_metrics_that_metrics_exposes():
             queried |= set(re.findall(r"\b((?:vllm|playground):[a-z0-9_]+)", target["expr"]))
     assert queried and queried <= exposed, queried - exposed
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "model_name", "worker"}
+
+
+def test_request_phases_finish_reasons_and_queue_backlog_under_vllm_names(client):
+    stats = LatencyStats()
+    stats.observe(Times(0.0, [0.5, 0.6, 1.5], queued_s=0.2))  # queue 0.2 s, prefill 0.3 s, decode 1.0 s
+    stats.observe(Times(5.0, [6.0, 6.2], queued_s=0.9))  # queue 0.9 s, prefill 0.1 s, decode 0.2 s
+    stats.count_finished(["stop"])
+    stats.count_finished(["length", "length"])
+    registry.beat({**beat("w1@a", 1, stats), "queue": worker_queue("w1@a"), "finished": stats.finish_reasons()})
+    celery_app.send_task(TASK_NAME, kwargs={}, queue=GPU_QUEUE)  # no worker consumes it in this test
+    celery_app.send_task(TASK_NAME, kwargs={}, queue=GPU_QUEUE)
+    try:
+        families = scrape(client)
+    finally:
+        with celery_app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(GPU_QUEUE)
+    for name, count, total in (("vllm:request_queue_time_seconds", 2, 1.1),
+                               ("vllm:request_prefill_time_seconds", 2, 0.4),
+                               ("vllm:request_decode_time_seconds", 2, 1.2)):  # fmt: skip
+        assert families[name].type == "histogram"
+        assert values(families[name], name + "_count") == {"w1@a": count}
+        assert values(families[name], name + "_sum")["w1@a"] == pytest.approx(total)
+    success = families["vllm:request_success"]
+    assert success.type == "counter"
+    assert {s.labels["finished_reason"]: s.value for s in success.samples} == {"stop": 1, "length": 2}
+    backlog = families["playground:queue_backlog"]
+    assert {s.labels["queue"]: s.value for s in backlog.samples} == {GPU_QUEUE: 2, worker_queue("w1@a"): 0}

@@ -40,7 +40,7 @@ def submit(
         kwargs["prompt"] = prompt
     if adapter is not None:
         kwargs["adapter"] = adapter
-    celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue)
+    celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, task_id=request_id)  # Celery's log lines name it too
     return queue
 
 

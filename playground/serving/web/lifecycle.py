@@ -29,6 +29,8 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground import logs
+
 from ..shared.naming import WEB_CHANNEL_PREFIX, request_group
 from ..shared.retry import once_more
 from . import dispatch, liveness
@@ -191,6 +193,7 @@ class Generation:
     async def start(self, job: Job) -> None:
         """Listen on the request's group, then queue the task; raises GenerationFailed("unavailable") when
         the channel layer or the broker cannot be reached."""
+        logs.request_id.set(self.request_id)  # the relaying task's log lines from here on (playground/logs.py)
         try:
             self._channel = await self._layer.new_channel(WEB_CHANNEL_PREFIX)
             await once_more(lambda: self._layer.group_add(request_group(self.request_id), self._channel))

@@ -12,6 +12,8 @@ from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.conf import settings
 
+from . import shutdown
+
 
 def hard_frame_cap() -> int:
     """Bytes of the largest websocket message daphne accepts at all."""
@@ -25,6 +27,7 @@ def build(host: str, port: int, on_ready: Callable[[], None], proxy_headers: boo
     def ready() -> None:
         # The factory exists once run() is called and takes connections only after this returns.
         server.ws_factory.setProtocolOptions(failByDrop=False)
+        shutdown.close_websockets_on_shutdown(server)
         on_ready()
 
     server = Server(

@@ -6,6 +6,7 @@
 | `engine-load` | `WorkerRuntime.start` | loading the model, once; ends when the engine is up (or failed) |
 | `channel-loop` | `LoopBridge.start` (the embedded mode uses daphne's loop instead) | every channel-layer call: the token publisher (`coalesce`), the control-group listener (aborts, dashboard requests), the task threads' sends |
 | `worker-abort` | `WorkerRuntime` | `gen.abort` messages handed over by the control-group listener: the runtime's request sets (its lock) and `EngineService.abort`, so the event loop never waits for either |
+| `worker-drain` | `Drain.begin` (drain.py), on SIGTERM | marking the registry entry draining, waiting up to `PLAYGROUND_DRAIN_S` for the requests held, aborting what is left |
 | `worker-heartbeat` | `WorkerRuntime.start` | the registry entry: state, engine health, live request ids, metrics, each second |
 | `kv-publisher` | `SnapshotPublisher.start` (playground.dashboard) | sampling the engine's figures and publishing KV snapshots |
 | `kv-record` | `SnapshotPublisher.control`, one per Record / Stop press | starting or stopping the engine's event recording (waits for the engine loop to run the call) |

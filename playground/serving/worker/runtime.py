@@ -25,15 +25,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from celery.signals import celeryd_after_setup, worker_init, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_init, worker_shutdown, worker_shutting_down
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground import logs
 from playground.dashboard.publisher import SnapshotPublisher
 
 from ..shared import registry
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
+from .drain import Drain
 from .engine_service import EngineService, EngineUnavailable
 from .lab_host import LabHost
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, request_group, worker_queue
@@ -64,6 +66,7 @@ class WorkerRuntime:
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
         self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
         self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
+        self.drain = Drain(settings.PLAYGROUND_DRAIN_S, self._serving_now, self.abort, self.beat)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,14 +108,19 @@ class WorkerRuntime:
             "queue": self.queue,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "state": self.service.state,
+            "state": "draining" if self.drain.started.is_set() else self.service.state,
             "health": self.service.health(),
             "requests": serving,  # the web side tells a lost reply from a slow one by this
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
             "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
+            "finished": self.publisher.latency.finish_reasons(),  # vllm:request_success_total
             "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
         }
+
+    def _serving_now(self) -> set[str]:
+        with self._lock:
+            return set(self._serving)
 
     def beat(self) -> dict[str, Any]:
         """Rewrite this worker's registry entry now, and return it."""
@@ -201,6 +209,7 @@ class WorkerRuntime:
             body = {"request_id": request_id, **message}
             self.bridge.call(once_more(lambda: layer.group_send(group, body)), SEND_TIMEOUT_S)
 
+        bound = logs.request_id.set(request_id)  # this task thread's log lines, the engine call's included
         with self._lock:
             self._serving.add(request_id)
         try:
@@ -209,6 +218,7 @@ class WorkerRuntime:
         finally:
             with self._lock:
                 self._serving.discard(request_id)
+            logs.request_id.reset(bound)
 
     def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
              cache_salt: str | None, prompt: str | None, adapter: str | None,
@@ -218,7 +228,7 @@ class WorkerRuntime:
             with self._lock:
                 aborted = self._early_aborts.pop(request_id, None) is not None
             if aborted:
-                send({"type": "gen.done", "worker": self.name, **aborted_before_start(params["n"])})
+                self._finish(request_id, aborted_before_start(params["n"]), send)
                 return
             # Outside the lock: submitting tokenises, may read an adapter from disk and builds a grammar.
             stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter)
@@ -245,12 +255,21 @@ class WorkerRuntime:
             with self._lock:
                 self._live.discard(request_id)
         self.publisher.observe(stream.final.metrics)
+        self.publisher.latency.count_finished([output["finish_reason"] for output in done["outputs"]])
         try:
             # Before `done`: a follow-up turn the client sends on it is routed by this entry (dispatch.py), which
             # must not still show the queue of up to a second ago, when this request was waiting.
             self.beat()
         except Exception:
             logger.exception("heartbeat failed")
+        self._finish(request_id, done, send)
+
+    def _finish(self, request_id: str, done: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
+        """Send `gen.done`, or the error frame of a request the drain cut (its partial reply is not an answer)."""
+        if self.drain.was_cut(request_id):
+            send({"type": "gen.error", "code": "unavailable", "message": "the worker shut down before this "
+                  f"request finished (it had {self.drain.seconds} s to drain); please retry"})
+            return
         send({"type": "gen.done", "worker": self.name, **done})
 
 
@@ -294,6 +313,13 @@ def _start_runtime(sender, **kwargs) -> None:
 @celeryd_after_setup.connect
 def _consume_own_queue(sender: str, instance, **kwargs) -> None:
     instance.app.amqp.queues.select_add(worker_queue(sender))
+
+
+@worker_shutting_down.connect
+def _drain_runtime(sender, sig: str = "", how: str = "", **kwargs) -> None:
+    """SIGTERM (Celery's warm shutdown): drain. A cold shutdown (a second signal, SIGQUIT) waits for nothing."""
+    if _runtime is not None and how == "Warm":
+        _runtime.drain.begin()
 
 
 @worker_shutdown.connect

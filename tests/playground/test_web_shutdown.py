@@ -1,0 +1,71 @@
+"""`manage.py web` on SIGTERM (serving/web/shutdown.py): every open websocket is closed with 1001 and the reason
+"server restarting" (never a dropped TCP connection, 1006), and the process exits; the chat page in chromium
+says "server restarting" and reconnects by itself once a new web process listens (static/common/restart.js)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from live_stack import REPO, free_port, wait_for_http
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+pytestmark = pytest.mark.slow
+
+
+def start_web(workdir: Path, port: int) -> subprocess.Popen:
+    """`manage.py web` on `port` over SQLite in `workdir` (migrated), once /healthz answers."""
+    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL", "DEBUG"}}
+    env.update(PLAYGROUND_VAR_DIR=str(workdir), PYTHONUNBUFFERED="1")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True, timeout=120)
+    with open(workdir / f"web-{time.monotonic_ns()}.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "manage.py", "web", "--port", str(port)], cwd=REPO, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", 60)
+    except TimeoutError:
+        process.kill()
+        raise
+    return process
+
+
+def test_sigterm_closes_every_socket_with_1001_and_a_reason(tmp_path):
+    port = free_port()
+    process = start_web(tmp_path, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        sockets = [connect(f"ws://127.0.0.1:{port}/ws/chat/", origin=base, proxy=None) for _ in range(2)]
+        process.send_signal(signal.SIGTERM)
+        for ws in sockets:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None, "the connection dropped without a close frame"
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "server restarting")
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.browser
+def test_the_page_says_server_restarting_and_reconnects_by_itself(tmp_path, page):
+    port = free_port()
+    process = start_web(tmp_path, port)
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#conn[data-status=open]", timeout=30_000)
+        page.evaluate("window.__samePage = true")
+        process.send_signal(signal.SIGTERM)
+        notice = page.wait_for_selector("#server-restarting", timeout=10_000)
+        assert "server restarting" in notice.text_content()
+        assert process.wait(15) == 0
+        process = start_web(tmp_path, port)  # the redeployed web, same address
+        page.wait_for_selector("#server-restarting", state="detached", timeout=30_000)
+        assert page.get_attribute("#conn", "data-status") == "open"
+        assert page.evaluate("window.__samePage") is True  # reconnected in place, no reload
+    finally:
+        if process.poll() is None:
+            process.kill()
