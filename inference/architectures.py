@@ -42,8 +42,8 @@ READ_FIELDS = frozenset({
 })
 
 # Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
-# states, and the generation defaults older transformers wrote into every config (generation_config.json
-# is where a checkpoint's sampling defaults are read from).
+# states, and the generation defaults older transformers wrote into every config (sampling is the request's
+# SamplingParams; generation_config.json is not applied yet, see docs/models.md).
 HARMLESS_FIELDS = frozenset({
     "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "use_cache",
     "initializer_range", "attention_dropout", "pretraining_tp", "output_hidden_states", "output_attentions",
