@@ -112,10 +112,10 @@ class RotaryEmbedding(nn.Module):
     and two casts per layer); the kernels' `rotary_embedding_` applies them to q and k in place.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, head_dim: int, max_positions: int, rope: dict) -> None:
         super().__init__()
-        inv_freq, scale = inverse_frequencies(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
-        freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+        inv_freq, scale = inverse_frequencies(rope, head_dim, max_positions)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", freqs.cos() * scale, persistent=False)
         self.register_buffer("sin", freqs.sin() * scale, persistent=False)
 
@@ -203,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
 
     @torch.inference_mode()
@@ -279,7 +279,7 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
-    model.rope = RotaryEmbedding(cfg).to(device)
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                            WeightShards(cfg, group))
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
