@@ -10,6 +10,8 @@ import kernels
 from inference.model_loader import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# vLLM's other names for the same dtypes (`LLM(dtype="half")` in its examples); stored under DTYPES' name.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 DEFAULT_CPU_KV_CACHE_MEMORY = 512 * 1024**2
 
 
@@ -87,8 +89,10 @@ class EngineArgs:
             self.max_cpu_loras = self.max_loras
         if self.max_cpu_loras < self.max_loras:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+            raise ValueError(f"dtype must be 'auto' or one of {sorted([*DTYPES, *DTYPE_ALIASES])}, "
+                             f"got {self.dtype!r}")
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

@@ -12,18 +12,20 @@ MLP rows and the vocabulary, and loads only that share (inference/parallel/layer
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch import nn
 
+from inference.architectures import Architecture, architecture
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
 from inference.parallel.group import Group
 from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
 from inference.quantization.weights import Int4Codes
+from inference.rope import inverse_frequencies, rope_parameters
 from inference.weight_files import read_weights
 from kernels import reference
 
@@ -38,19 +40,21 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
     eos_token_ids: list[int]
+    # What the family changes relative to the Llama block (inference/architectures.py) and its RoPE
+    # (inference/rope.py: `rope_type`, `rope_theta` and the type's own keys).
+    architecture: Architecture = field(default_factory=Architecture)
+    rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
+        """The folder's config.json, every field the engine does not implement refused by name."""
         cfg = json.loads((folder / "config.json").read_text())
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"{folder}: RoPE scaling {rope_type!r} is not supported (only plain RoPE)")
+        where = f"{folder}/config.json"
+        arch = architecture(cfg, where)
         eos = cfg.get("eos_token_id")
         heads = cfg["num_attention_heads"]
         return cls(
@@ -62,12 +66,12 @@ class ModelConfig:
             num_kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            # Qwen2 puts a bias on q/k/v without saying so in attention_bias.
-            attention_bias=cfg.get("attention_bias", False) or cfg.get("model_type") == "qwen2",
+            attention_bias=cfg.get("attention_bias", False) or arch.qkv_bias,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            architecture=arch,
+            rope=rope_parameters(cfg, where),
         )
 
 
@@ -101,18 +105,19 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Plain RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position.
+    """RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position from the checkpoint's
+    rope_type (inference/rope.py), scaled as HF scales them (YaRN's attention factor).
 
     `tables` looks a step's positions up once (the forward shares them across layers, saving two index ops
     and two casts per layer); the kernels' `rotary_embedding_` applies them to q and k in place.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, head_dim: int, max_positions: int, rope: dict) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq, scale = inverse_frequencies(rope, head_dim, max_positions)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.register_buffer("cos", freqs.cos() * scale, persistent=False)
+        self.register_buffer("sin", freqs.sin() * scale, persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every token's position, `[num_tokens, head_dim / 2]` in `dtype`, for the kernels'
@@ -132,6 +137,9 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, reduce_group=group)
         self.scale = cfg.head_dim**-0.5
+        self.qk_norm = None
+        if cfg.architecture.qk_norm:
+            self.qk_norm = nn.ModuleList(RMSNorm(cfg.head_dim, cfg.rms_norm_eps) for _ in "qk")
 
     def forward(
         self,
@@ -144,6 +152,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         # q's and k's heads are adjacent columns of the fused output: rotated together, in place.
         qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.qk_norm is not None:
+            for norm, heads in zip(self.qk_norm, (qk[:, : self.num_heads], qk[:, self.num_heads :])):
+                heads.copy_(norm(heads.reshape(-1, self.head_dim), ops).view(heads.shape))
         ops.rotary_embedding_(qk, *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
@@ -192,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
 
     @torch.inference_mode()
@@ -224,10 +235,10 @@ class LlamaForCausalLM(nn.Module):
     def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
         six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
-        the layers must run here: a backend without it, tensor parallelism, LoRA, a bias, or a weight not in
-        oneDNN's packed layout (a quantized one). The list is made once; LoRA, installed after loading, is
-        checked every step."""
-        if not hasattr(ops, "decoder_layers"):
+        the layers must run here: a backend without it, a family that departs from the Llama block
+        (q/k norm), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a quantized
+        one). The list is made once; LoRA, installed after loading, is checked every step."""
+        if not hasattr(ops, "decoder_layers") or self.cfg.architecture.qk_norm:
             return None
         if not hasattr(self, "_stack"):
             linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
@@ -268,7 +279,7 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
-    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta).to(device)
+    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                            WeightShards(cfg, group))
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
@@ -316,6 +327,9 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
         norm(layer.input_layernorm, f"layers.{i}.input_layernorm")
         norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
+        if layer.self_attn.qk_norm is not None:
+            for module, x in zip(layer.self_attn.qk_norm, "qk"):
+                norm(module, attn + f"{x}_norm")
     leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]
     if leftover:
         raise ValueError(f"{source}: weights this Llama-family loader does not use: {leftover[:5]}")

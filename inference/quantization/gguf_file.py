@@ -18,7 +18,7 @@ import torch
 from inference.quantization.weights import Int4Codes
 
 # GGUF architecture -> whether llama.cpp permuted q/k rows when converting it.
-ARCHITECTURES = {"llama": True, "qwen2": False}
+ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False}
 FLOAT_TYPES = ("F32", "F16", "Q8_0")
 INT4_TYPES = ("Q4_0", "Q4_1")
 
@@ -26,7 +26,7 @@ _TOP_LEVEL = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm
 _IN_BLOCK = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 

@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 
 from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, resolve_model
 from inference.quantization.packed_int4 import AWQ_ORDER
@@ -25,10 +25,11 @@ TINY = dict(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def tiny_llama(**overrides) -> LlamaForCausalLM:
-    """A random Llama with weights large enough that its greedy argmax is decisive."""
+def tiny_llama(config_cls: type[PretrainedConfig] = LlamaConfig, **overrides) -> PreTrainedModel:
+    """A random Llama (or another family's model, from `config_cls`) with weights large enough that its greedy
+    argmax is decisive."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides})).eval()
+    model = AutoModelForCausalLM.from_config(config_cls(**{**TINY, **overrides})).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.2)
@@ -119,7 +120,8 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
 def write_gguf(path: Path, model: LlamaForCausalLM, linear_type: gguf.GGMLQuantizationType,
                embed_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
                arch: str = "llama") -> Path:
-    """The model as a GGUF file the way llama.cpp's converter lays it out (names, permutation, metadata)."""
+    """The model as a GGUF file the way llama.cpp's converter lays it out (names, metadata, and for `llama`
+    the q/k row permutation; its Qwen converters do not permute)."""
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -131,7 +133,8 @@ def write_gguf(path: Path, model: LlamaForCausalLM, linear_type: gguf.GGMLQuanti
     names = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}
     block = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     for name, value in model.state_dict().items():
         stem, kind = name.removeprefix("model.").rsplit(".", 1)
         if stem.startswith("layers."):
@@ -140,9 +143,9 @@ def write_gguf(path: Path, model: LlamaForCausalLM, linear_type: gguf.GGMLQuanti
         else:
             gguf_name = f"{names[stem]}.{kind}"
         data = value.float().numpy()
-        if stem.endswith("self_attn.q_proj"):
+        if arch == "llama" and stem.endswith("self_attn.q_proj"):
             data = llama_cpp_permute(data, cfg.num_attention_heads)
-        elif stem.endswith("self_attn.k_proj"):
+        elif arch == "llama" and stem.endswith("self_attn.k_proj"):
             data = llama_cpp_permute(data, cfg.num_key_value_heads)
         qtype = gguf.GGMLQuantizationType.F32 if data.ndim == 1 else (
             embed_type if stem in ("embed_tokens", "lm_head") else linear_type)
@@ -159,13 +162,13 @@ def write_gguf(path: Path, model: LlamaForCausalLM, linear_type: gguf.GGMLQuanti
     return path
 
 
-def hf_with_engine_weights(llm, hf_config) -> LlamaForCausalLM:
-    """An HF Llama holding exactly the weight values our engine multiplies by (its quantized weights
-    de-quantized): HF's greedy on it is the oracle for a quantized engine."""
+def hf_with_engine_weights(llm, hf_config) -> PreTrainedModel:
+    """An HF model of `hf_config`'s family holding exactly the weight values our engine multiplies by (its
+    quantized weights de-quantized): HF's greedy on it is the oracle for a quantized engine."""
     model = llm.llm_engine.runner.model
     cfg = model.cfg
-    config = LlamaConfig(**{**hf_config.to_dict(), "tie_word_embeddings": False})
-    hf = LlamaForCausalLM(config).eval()
+    config = type(hf_config)(**{**hf_config.to_dict(), "tie_word_embeddings": False})
+    hf = AutoModelForCausalLM.from_config(config).eval()
     state = {"model.embed_tokens.weight": model.embed_tokens.weight.dequantize(),
              "model.norm.weight": model.norm.weight.float(), "lm_head.weight": model.lm_head.weight.dequantize()}
     for i, layer in enumerate(model.layers):
@@ -179,6 +182,10 @@ def hf_with_engine_weights(llm, hf_config) -> LlamaForCausalLM:
                       p + "mlp.down_proj.weight": layer.mlp.down_proj.weight.dequantize(),
                       p + "input_layernorm.weight": layer.input_layernorm.weight.float(),
                       p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.float()})
+        if layer.self_attn.qk_norm is not None:
+            q_norm, k_norm = layer.self_attn.qk_norm
+            state.update({p + "self_attn.q_norm.weight": q_norm.weight.float(),
+                          p + "self_attn.k_norm.weight": k_norm.weight.float()})
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
     assert cfg.num_layers == config.num_hidden_layers

@@ -3,6 +3,7 @@ names its architecture (vLLM and other tools refuse a null `architectures`)."""
 
 import json
 
+import pytest
 import torch
 
 from inference.config import EngineArgs
@@ -13,6 +14,15 @@ def test_auto_dtype_is_float32_on_cpu_and_explicit_dtypes_win():
     assert EngineArgs().resolve_dtype(torch.device("cpu")) == torch.float32
     assert EngineArgs(dtype="bfloat16").resolve_dtype(torch.device("cpu")) == torch.bfloat16
     assert EngineArgs(dtype="float32").resolve_dtype(torch.device("cuda")) == torch.float32
+
+
+def test_vllm_dtype_names_are_accepted():
+    # vLLM's example 7 passes dtype="half"; "float" is its name for float32.
+    assert EngineArgs(dtype="half").resolve_dtype(torch.device("cpu")) == torch.float16
+    assert EngineArgs(dtype="float").resolve_dtype(torch.device("cpu")) == torch.float32
+    assert EngineArgs(dtype="half").dtype == "float16"  # stored under one name (the lab shows it)
+    with pytest.raises(ValueError, match="'half'"):
+        EngineArgs(dtype="double")
 
 
 def test_converted_folder_names_its_architecture(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
+from transformers import LlamaConfig, Qwen3Config
 
 from inference import LLM, SamplingParams
 from tests.inference.oracle_prompts import ORACLE_PROMPTS
@@ -37,10 +38,10 @@ def gptq_folder(path, model):
     return save_folder(path, model, tensors, config)
 
 
-def gguf_folder(path, model, linear_type="Q4_1"):
+def gguf_folder(path, model, linear_type="Q4_1", arch="llama"):
     save_folder(path, model)
     (path / "model.safetensors").unlink()  # the folder's only weights are its GGUF file
-    write_gguf(path / "model.gguf", model, getattr(gguf.GGMLQuantizationType, linear_type))
+    write_gguf(path / "model.gguf", model, getattr(gguf.GGMLQuantizationType, linear_type), arch=arch)
     return path
 
 
@@ -70,6 +71,20 @@ def test_quantized_tiny_model_matches_hf_on_the_same_weights(tmp_path, build, re
     layer = llm.llm_engine.runner.model.layers[1]
     kind = "Int8Weight" if method == "int8" else "Int4Weight"
     assert {type(m.weight).__name__ for m in (layer.self_attn.qkv_proj, layer.mlp.down_proj)} == {kind}
+    assert_matches_hf_on_its_weights(llm, model.config)
+
+
+@pytest.mark.parametrize("config_cls, arch, overrides", [
+    (LlamaConfig, "llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 64}}),
+    (Qwen3Config, "qwen3", {"head_dim": 32}),
+], ids=["llama3", "qwen3"])
+def test_llama3_and_qwen3_gguf_match_hf_on_the_same_weights(tmp_path, config_cls, arch, overrides):
+    model = tiny_llama(config_cls, **overrides)
+    llm = LLM(model=str(gguf_folder(tmp_path / "model", model, arch=arch)), dtype="float32", **SMALL)
+    assert llm.metrics()["quantization"] == "gguf"
+    assert type(llm.llm_engine.runner.model.layers[0].mlp.down_proj.weight).__name__ == "Int4Weight"
     assert_matches_hf_on_its_weights(llm, model.config)
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=cpu_kernels.
 def qkv_and_tables(dtype: torch.dtype, tokens: int = 37, heads: int = 9, kv_heads: int = 3, head_dim: int = 64):
     torch.manual_seed(0)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
-    rope = RotaryEmbedding(head_dim, 4096, 10000.0)
+    rope = RotaryEmbedding(head_dim, 4096, {"rope_type": "default", "rope_theta": 10000.0})
     cos, sin = rope.tables(torch.randint(0, 4096, (tokens,)), dtype)
     return qkv, cos, sin
 

@@ -1,0 +1,101 @@
+"""What each model family changes relative to the Llama block, and which config.json fields the engine reads.
+
+The model (inference/model.py) is the Llama decoder block. An `Architecture` names what a family does
+differently, and the model code reads its fields rather than asking which family it is. Every field of a
+config.json is one of: read by the loader (`READ_FIELDS`), harmless for inference (`HARMLESS_FIELDS`:
+bookkeeping, training-only settings, generation defaults that generation_config.json states), or checked to
+hold a value the engine implements (`check_config`). Any other field is refused by name, so a checkpoint never
+loads silently wrong.
+
+Sliding-window attention is not implemented: a window is accepted only where no sequence can cross it (a
+window at least `max_position_embeddings`, the engine's longest `max_model_len`), and refused by name elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One family's departures from the Llama block; all unset is the Llama block itself."""
+
+    qkv_bias: bool = False  # q/k/v carry a bias whatever `attention_bias` says (Qwen2)
+    qk_norm: bool = False  # every head of q and of k is RMS-normalised (weights [head_dim]) before RoPE (Qwen3)
+    window_switch: str | None = None  # the field that must be true for `sliding_window` to apply (Qwen's)
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture(),
+    "mistral": Architecture(),
+    "qwen2": Architecture(qkv_bias=True, window_switch="use_sliding_window"),
+    "qwen3": Architecture(qk_norm=True, window_switch="use_sliding_window"),
+}
+
+# Read by `ModelConfig.from_folder` (inference/model.py), inference/rope.py and inference.quantization.
+READ_FIELDS = frozenset({
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
+    "partial_rotary_factor", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id",
+    "quantization_config",
+})
+
+# Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
+# states, and the generation defaults older transformers wrote into every config (sampling is the request's
+# SamplingParams; generation_config.json is not applied yet, see docs/models.md).
+HARMLESS_FIELDS = frozenset({
+    "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "use_cache",
+    "initializer_range", "attention_dropout", "pretraining_tp", "output_hidden_states", "output_attentions",
+    "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id",
+    "problem_type", "pad_token_id", "bos_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id",
+    "tokenizer_class", "use_bfloat16", "tf_legacy_loss", "torchscript", "pruned_heads", "add_cross_attention",
+    "cross_attention_hidden_size", "tie_encoder_decoder", "finetuning_task", "prefix", "task_specific_params",
+    "_attn_implementation_autoset", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens",
+})
+
+# field -> the value the engine implements (a field absent from the file is taken to hold it).
+IMPLEMENTED_VALUES: dict[str, Any] = {"hidden_act": "silu", "mlp_bias": False, "use_mrope": False}
+
+# Checked by `_check_window`.
+WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
+
+
+def architecture(config: dict[str, Any], where: str) -> Architecture:
+    """The family's `Architecture`, after refusing by name every field of `config` the engine does not
+    implement (ValueError)."""
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"{where}: model_type {model_type!r} is not implemented; implemented: "
+                         f"{', '.join(sorted(ARCHITECTURES))}")
+    arch = ARCHITECTURES[model_type]
+    for field, value in IMPLEMENTED_VALUES.items():
+        if config.get(field, value) != value:
+            raise ValueError(f"{where}: {field}={config[field]!r} is not implemented (only {value!r})")
+    _check_window(config, arch, where)
+    unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - WINDOW_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: config field(s) {', '.join(unknown)} are not implemented by this engine's "
+                         f"{model_type!r} model")
+    return arch
+
+
+def _check_window(config: dict[str, Any], arch: Architecture, where: str) -> None:
+    """Refuse a sliding window some layer applies and a sequence can cross, naming the field."""
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if other:
+            raise ValueError(f"{where}: layer_types {other} are not implemented")
+        windowed = "sliding_attention" in layer_types
+    else:
+        windowed = arch.window_switch is None or bool(config.get(arch.window_switch, False))
+    window = config.get("sliding_window")
+    if windowed and window is not None and window < config.get("max_position_embeddings", 2048):
+        raise ValueError(f"{where}: sliding_window={window} is not implemented (sliding-window attention); "
+                         "only a window no sequence can cross (>= max_position_embeddings) loads")

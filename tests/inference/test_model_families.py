@@ -1,0 +1,66 @@
+"""Each model family's greedy output equals HF transformers' token for token (float32): a seeded random tiny
+model built from the family's own transformers config, on the C++ CPU backend and the torch reference, with
+prefix caching on (the prompts run twice, the second time from cached blocks) and chunked prefill, and with
+prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, so
+prompt plus output cross it.
+"""
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import kernels.cpu_kernels
+from inference import LLM, SamplingParams
+from tests.inference.engines import assert_idle
+from tests.inference.oracle_prompts import ORACLE_PROMPTS
+from tests.inference.tiny_models import SHAPE, save_tiny
+
+MAX_TOKENS = 64
+PROMPTS = [ORACLE_PROMPTS[i] for i in (1, 4, 6, 7)]  # 5 to ~150 tokens
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+
+FAMILIES = {
+    "llama3": (LlamaForCausalLM, LlamaConfig(**FAMILY_SHAPE, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=True)),
+    "qwen3-yarn": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=False, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 64})),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(model folder, PROMPTS as token ids, HF's greedy tokens for each)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    model_cls, config = FAMILIES[request.param]
+    hf = save_tiny(folder, model_cls, config)
+    tok = AutoTokenizer.from_pretrained(folder)
+    prompts = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
+    want = []
+    for ids in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False)
+        want.append(out[0, len(ids):].tolist())
+    return folder, [{"prompt_token_ids": ids} for ids in prompts], want
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_family_greedy_equals_hf(family, backend):
+    if backend == "cpu" and not kernels.cpu_kernels.available():
+        pytest.skip(kernels.cpu_kernels.unavailable_reason())
+    folder, prompts, want = family
+    cached = LLM(model=str(folder), dtype="float32", attention_backend=backend, num_kv_blocks=128,
+                 max_model_len=256, max_num_batched_tokens=32, max_num_seqs=4)
+    for _ in range(2):  # the second round reads the prompts' full blocks from the prefix cache
+        assert [o.outputs[0].token_ids for o in cached.generate(prompts, GREEDY)] == want
+    assert cached.metrics()["prefix_cache_hits_total"] > 0
+    assert_idle(cached)
+    # 16 blocks of 16 slots cannot hold four prompts and their outputs at once: sequences are preempted.
+    tight = LLM(model=str(folder), dtype="float32", attention_backend=backend, num_kv_blocks=16,
+                max_model_len=256, enable_prefix_caching=False)
+    assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == want
+    assert tight.metrics()["num_preemptions_total"] > 0
+    assert_idle(tight)
