@@ -182,7 +182,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = PLAYGROUND_API["max_body_bytes"]  # Django refuses
 PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
 if PLAYGROUND_CACHE_SALT not in ("off", "user"):
     raise ImproperlyConfigured(f"PLAYGROUND_CACHE_SALT={PLAYGROUND_CACHE_SALT!r}: use 'off' or 'user'")
-# KV dashboard: a busy worker publishes a snapshot every this many ms (playground/dashboard/publisher.py).
+# KV dashboard: a busy worker publishes a snapshot every this many ms (playground/serving/worker/kv_publisher.py).
 PLAYGROUND_KV_SNAPSHOT_MS = env_int("PLAYGROUND_KV_SNAPSHOT_MS", 250, minimum=50)
 # Demo mode: at most this many simulated users per run.
 PLAYGROUND_DEMO_MAX_USERS = env_int("PLAYGROUND_DEMO_MAX_USERS", 32, minimum=1)

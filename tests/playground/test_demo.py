@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from fake_worker import ORIGIN, worker
 
 from playground.asgi import application
-from playground.dashboard import feed
+from playground.serving.shared import kv_feed
 from playground.demo.consumers import may_present, may_watch, parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
@@ -165,7 +165,7 @@ def test_watchers_get_the_workers_summary_snapshots():
         ws = await watch()
         await ws.receive_json_from()  # state
         snapshot = {"type": "snapshot", "worker": "w", "time": 1.0, "metrics": {"num_blocks_used": 3}}
-        await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": snapshot})
+        await get_channel_layer().group_send(kv_feed.SUMMARY_GROUP, {"type": kv_feed.SNAPSHOT, "snapshot": snapshot})
         relayed = await ws.receive_json_from(timeout=5)
         await ws.disconnect()
         return snapshot, relayed

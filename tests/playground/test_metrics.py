@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from playground.dashboard.prometheus import COUNTERS, GAUGES, HISTOGRAMS
-from playground.dashboard.stats import LatencyStats
+from playground.serving.worker.stats import LatencyStats
 from playground.serving.shared import registry
 
 REPO = Path(__file__).resolve().parents[2]
