@@ -141,6 +141,10 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 # Anonymous chat (conversations kept per session): on for the one-process default, off for a shared deployment
 # unless its operator turns it on.
 PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", not REDIS_URL)
+# The OpenAI-compatible API without a key, for clients on this machine only (loopback addresses), under the
+# anonymous limits, as vLLM's server without --api-key: on for the one-process default (playground/accounts/
+# access.py, docs/security.md). Behind a reverse proxy on the same machine every client looks local: turn it off.
+PLAYGROUND_API_KEYLESS = env_bool("PLAYGROUND_API_KEYLESS", not REDIS_URL and PLAYGROUND_ALLOW_ANONYMOUS)
 PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
 
 # Server-side caps on what one generate frame or API body may ask for (also shown to the page as `limits`);

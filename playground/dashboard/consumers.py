@@ -15,12 +15,12 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground.accounts.access import is_staff, may_use_playground
 from playground.serving.shared import kv_feed, registry
 from playground.serving.web import dispatch
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from .subscription import Subscription
-from .views import is_staff
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
 CLOSE_FORBIDDEN = CLOSE_CODES["forbidden"]
@@ -73,8 +73,7 @@ class KvSummaryConsumer(SnapshotFeed):
     refusal = CLOSE_LOGIN_REQUIRED
 
     def allowed(self, user: Any) -> bool:
-        """The chat page's rule (playground.chat.consumers)."""
-        return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_authenticated)
+        return may_use_playground(user)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         await self.send_json({"type": "error", "message": "this feed is read-only"})

@@ -7,13 +7,10 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from playground.accounts.access import is_staff
 from playground.serving.shared import kv_feed, registry
 
 from .prometheus import registry_for
-
-
-def is_staff(user) -> bool:
-    return bool(user and user.is_active and user.is_staff)
 
 
 @require_GET

@@ -13,6 +13,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from playground.accounts.access import may_present, may_use_playground
 from playground.dashboard.subscription import Subscription
 from playground.serving.shared import kv_feed
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
@@ -44,21 +45,13 @@ def parse_start(frame: dict[str, Any]) -> RunSettings:
     return RunSettings(users=users, rate=float(rate), max_tokens=max_tokens, cache_salt=cache_salt)
 
 
-def may_watch(user) -> bool:
-    return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_authenticated)
-
-
-def may_present(user) -> bool:
-    return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_staff)
-
-
 class DemoConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = None  # the Subscription owns the channel (playground/dashboard/subscription.py)
 
     async def connect(self) -> None:
         self.subscription: Subscription | None = None
         self.renewals: asyncio.Task | None = None
-        if not may_watch(self.scope.get("user")):
+        if not may_use_playground(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
         # Full snapshots too, for the block map of the demo's own requests (demo_blocks filters them).

@@ -12,7 +12,8 @@ from fake_worker import ORIGIN, worker
 
 from playground.asgi import application
 from playground.serving.shared import kv_feed
-from playground.demo.consumers import may_present, may_watch, parse_start
+from playground.accounts.access import may_present, may_use_playground
+from playground.demo.consumers import parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
 from playground.serving.web import dispatch
@@ -136,7 +137,7 @@ def test_only_presenters_start_runs_when_anonymous_use_is_off(settings):
     connected, code = asyncio.run(scenario())
     assert not connected and code == 4401
     bob = User.objects.create_user("bob")
-    assert may_watch(bob) and not may_present(bob)
+    assert may_use_playground(bob) and not may_present(bob)
     bob.is_staff = True
     assert may_present(bob)
 
