@@ -379,7 +379,7 @@ class StreamingEngine:
     def _fail_all(self, message: str) -> None:
         """End every in-flight stream with an error, then abort its request (freeing its blocks)."""
         streams, self._streams = self._streams, {}
-        for request_id, (stream, _) in streams.items():
+        for stream, _ in streams.values():
             _end_with_error(stream, message)
         for request_id in streams:
             self.engine.abort_request(request_id)

@@ -142,6 +142,10 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 # Anonymous chat (conversations kept per session): on for the one-process default, off for a shared deployment
 # unless its operator turns it on.
 PLAYGROUND_ALLOW_ANONYMOUS = env_bool("PLAYGROUND_ALLOW_ANONYMOUS", not REDIS_URL)
+# The OpenAI-compatible API without a key, for clients on this machine only (loopback addresses), under the
+# anonymous limits, as vLLM's server without --api-key: on for the one-process default (playground/accounts/
+# access.py, docs/security.md). Behind a reverse proxy on the same machine every client looks local: turn it off.
+PLAYGROUND_API_KEYLESS = env_bool("PLAYGROUND_API_KEYLESS", not REDIS_URL and PLAYGROUND_ALLOW_ANONYMOUS)
 PLAYGROUND_SERVE_STATIC = env_bool("PLAYGROUND_SERVE_STATIC", True)
 
 # Server-side caps on what one generate frame or API body may ask for (also shown to the page as `limits`);
@@ -183,7 +187,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = PLAYGROUND_API["max_body_bytes"]  # Django refuses
 PLAYGROUND_CACHE_SALT = os.environ.get("PLAYGROUND_CACHE_SALT", "off").strip().lower()
 if PLAYGROUND_CACHE_SALT not in ("off", "user"):
     raise ImproperlyConfigured(f"PLAYGROUND_CACHE_SALT={PLAYGROUND_CACHE_SALT!r}: use 'off' or 'user'")
-# KV dashboard: a busy worker publishes a snapshot every this many ms (playground/dashboard/publisher.py).
+# KV dashboard: a busy worker publishes a snapshot every this many ms (playground/serving/worker/kv_publisher.py).
 PLAYGROUND_KV_SNAPSHOT_MS = env_int("PLAYGROUND_KV_SNAPSHOT_MS", 250, minimum=50)
 # Demo mode: at most this many simulated users per run.
 PLAYGROUND_DEMO_MAX_USERS = env_int("PLAYGROUND_DEMO_MAX_USERS", 32, minimum=1)

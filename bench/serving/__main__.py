@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
 
     from bench.serving import clients as bench
-    from playground.api.models import ApiKey
+    from playground.accounts.models import ApiKey
     from playground.serving import embedded
     from playground.serving.web import sampling
     from playground.serving.worker import runtime

@@ -4,9 +4,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from playground.api.models import ApiKey
-
 from .limits import quota_for
+from .models import ApiKey
 
 MAX_KEY_NAME = 100
 

@@ -1,6 +1,6 @@
 """Validation of OpenAI-style request bodies into a serving Job (docs/api.md lists what is accepted).
 
-Sampling fields go through the same validator as the websocket (`serving.params.validate_sampling`), so
+Sampling fields go through the same validator as the websocket (`serving.web.sampling.validate_sampling`), so
 both front doors accept the same ranges and enforce the same server caps. Anything unknown, unsupported
 or out of range raises `ApiError` (HTTP 400) naming the field.
 """

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.serving.web.edge import InvalidInput
+from playground.serving.web.response_format import NAME, response_format_constraint
 
 from .errors import ApiError
 
 FIELDS = {"response_format", "tools", "tool_choice", "parallel_tool_calls"}
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
 ENGINE_FIELD = re.compile(r"structured_outputs\.\w+")
 DEFS = re.compile(r"/\$defs/([A-Za-z0-9_-]+)")  # where a tool's parameters sit in the reply schema
 ANSWER_SCHEMA = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
@@ -78,32 +78,6 @@ def parse(body: Mapping[str, Any]) -> Structured:
     answer = [ANSWER_SCHEMA] if choice == "auto" else []
     schema = {"$defs": offered, "anyOf": calls + answer}
     return Structured({"json": schema}, "tools", offered, _tool_prompt(body["tools"], offered, choice == "auto"))
-
-
-def response_format_constraint(value: Any) -> dict[str, Any] | None:
-    """The StructuredOutputsParams kwargs of an OpenAI `response_format` (None for text); the chat socket's
-    generate frame takes the same field. Raises InvalidInput."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text" and set(value) == {"type"}:
-        return None
-    if kind == "json_object" and set(value) == {"type"}:
-        return {"json_object": True}
-    if kind != "json_schema" or set(value) != {"type", "json_schema"}:
-        raise InvalidInput("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
-                           "{'type': 'json_schema', 'json_schema': {...}}")
-    spec = value["json_schema"]
-    if not isinstance(spec, dict) or set(spec) - {"name", "description", "schema", "strict"}:
-        raise InvalidInput("response_format.json_schema must be an object with name, schema and optionally "
-                           "description and strict")
-    if not isinstance(spec.get("name"), str) or not NAME.match(spec["name"]):
-        raise InvalidInput("response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-'")
-    if not isinstance(spec.get("schema"), dict):
-        raise InvalidInput("response_format.json_schema.schema must be a JSON schema object")
-    if spec.get("strict") not in (None, True, False):
-        raise InvalidInput("response_format.json_schema.strict must be a boolean")
-    return {"json": spec["schema"]}
 
 
 def _tools(value: Any) -> dict[str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions (docs/api.md).
 
-A request is authenticated (API key), validated (`schema`), admitted under the user's limits
+A request is authenticated (API key, or none from a local client where allowed: `auth`), validated (`schema`), admitted under the user's limits
 (`accounts.limits`), and then generated over the same Celery -> engine -> channel-layer path as the chat
 socket, through the same request lifecycle (`serving.web.lifecycle`). The first update is awaited before
 answering, so a request the engine refuses (prompt too long...) gets a 400 even when streaming was asked for.
@@ -8,7 +8,6 @@ answering, so a request the engine refuses (prompt too long...) gets a 400 even 
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -80,7 +79,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
     try:
-        key = await authenticate(request)
+        caller = await authenticate(request)
         body = _read_body(request)
         caps = settings.PLAYGROUND_LIMITS
         defaults = sampling.api_defaults(chat, caps)
@@ -89,9 +88,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         else:
             api_request = parse_completion(body, served_models(), defaults, caps,
                                            settings.PLAYGROUND_API["max_prompt_chars"])  # fmt: skip
-        who = limits.identity(key.user)
-        quota = await sync_to_async(limits.quota_for, thread_sensitive=False)(key.user)
-        generation = await lifecycle.admit(lambda: limits.admit(who, quota))
+        generation = await lifecycle.admit(caller.admit)
     except limits.LimitExceeded as exc:
         headers = {"Retry-After": str(exc.retry_after)}
         return ApiError(429, str(exc), code="rate_limit_exceeded", headers=headers).response()
@@ -99,7 +96,7 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
         return exc.response()
 
     job = Job(params=api_request.params, messages=api_request.messages, prompt=api_request.prompt,
-              cache_salt=salt.cache_salt(who), adapter=adapter_for(api_request.model))  # fmt: skip
+              cache_salt=salt.cache_salt(caller.identity), adapter=adapter_for(api_request.model))  # fmt: skip
     shape = Shape(chat, api_request, generation.request_id)
     updates = generation.updates()
     try:  # the first update before answering: a request the engine refuses is a 400 even when streaming

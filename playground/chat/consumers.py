@@ -15,6 +15,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from playground.accounts import limits, salt
+from playground.accounts.access import may_use_playground
 from playground.serving.web import lifecycle, models, sampling
 from playground.serving.web.edge import InvalidInput
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job
@@ -30,8 +31,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.running: dict[str, tuple[Generation, asyncio.Task]] = {}
-        user = self.scope.get("user")
-        if not settings.PLAYGROUND_ALLOW_ANONYMOUS and not (user and user.is_authenticated):
+        if not may_use_playground(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
         await self.accept()

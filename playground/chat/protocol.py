@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from playground.api.structured import response_format_constraint
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
+from playground.serving.web.response_format import response_format_constraint
 from playground.serving.web.sampling import validate_sampling
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]

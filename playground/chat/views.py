@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
+from playground.accounts.access import may_use_playground
 from playground.serving.web import sampling
 from playground.serving.web.edge import CLOSE_CODES
 from playground.serving.web.models import served_models
@@ -20,17 +21,16 @@ MAX_LISTED = 100
 
 
 def chat_access(view):
-    """Let anonymous visitors in only when the setting allows it, and give each a session to own their chats."""
+    """Only who may use the playground (accounts.access); each anonymous visitor gets a session to own their chats."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if not request.user.is_authenticated:
-            if not settings.PLAYGROUND_ALLOW_ANONYMOUS:
-                if request.path.startswith("/api/"):
-                    return JsonResponse({"error": "login required"}, status=401)
-                return redirect_to_login(request.get_full_path())
-            if not request.session.session_key:
-                request.session.save()
+        if not may_use_playground(request.user):
+            if request.path.startswith("/api/"):
+                return JsonResponse({"error": "login required"}, status=401)
+            return redirect_to_login(request.get_full_path())
+        if not request.user.is_authenticated and not request.session.session_key:
+            request.session.save()
         return view(request, *args, **kwargs)
 
     return wrapper

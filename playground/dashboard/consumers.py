@@ -2,7 +2,7 @@
 
 `/ws/kv/` (KvSummaryConsumer, whoever may chat) relays snapshot summaries: figures only, nothing that names
 a request. `/ws/memory/` (MemoryConsumer, staff only) relays every worker's full snapshots (group `kv`, see
-feed.py) and carries the page's actions back to the workers: `{"type": "abort", "worker", "request_id"}`
+kv_feed.py) and carries the page's actions back to the workers: `{"type": "abort", "worker", "request_id"}`
 goes out as the serving control group's ordinary abort (the worker running the request aborts it; the chat
 socket that started it gets its `done` with finish_reason "abort"), `{"type": "reset_prefix_cache",
 "worker"}` goes to that worker only. Each action is answered with `{"type": "ack", "message"}` or
@@ -15,14 +15,12 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from playground.serving.shared import registry
+from playground.accounts.access import is_staff, may_use_playground
+from playground.serving.shared import kv_feed, registry
 from playground.serving.web import dispatch
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
-from . import feed
 from .subscription import Subscription
-from .views import is_staff
-
 
 CLOSE_LOGIN_REQUIRED = CLOSE_CODES["login_required"]
 CLOSE_FORBIDDEN = CLOSE_CODES["forbidden"]
@@ -57,7 +55,7 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
             await self.close(code=self.refusal)
             return
         self.subscription = Subscription((self.group,), self,
-                                         on_relay=lambda layer: feed.ask_for_snapshots(layer, self.full))
+                                         on_relay=lambda layer: kv_feed.ask_for_snapshots(layer, self.full))
         await self.subscription.start()
         await self.accept()
         self.subscription.relay()
@@ -71,19 +69,18 @@ class SnapshotFeed(AsyncJsonWebsocketConsumer):
 
 
 class KvSummaryConsumer(SnapshotFeed):
-    group = feed.SUMMARY_GROUP
+    group = kv_feed.SUMMARY_GROUP
     refusal = CLOSE_LOGIN_REQUIRED
 
     def allowed(self, user: Any) -> bool:
-        """The chat page's rule (playground.chat.consumers)."""
-        return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_authenticated)
+        return may_use_playground(user)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         await self.send_json({"type": "error", "message": "this feed is read-only"})
 
 
 class MemoryConsumer(SnapshotFeed):
-    group = feed.KV_GROUP
+    group = kv_feed.KV_GROUP
     refusal = CLOSE_FORBIDDEN
     full = True
 
@@ -94,7 +91,7 @@ class MemoryConsumer(SnapshotFeed):
         self.renewals: asyncio.Task | None = None
         await super().connect()
         if self.allowed(self.scope.get("user")):
-            self.renewals = asyncio.create_task(feed.keep_watching(get_channel_layer()))
+            self.renewals = asyncio.create_task(kv_feed.keep_watching(get_channel_layer()))
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "renewals", None) is not None:
@@ -120,7 +117,7 @@ class MemoryConsumer(SnapshotFeed):
         if kind == "reset_prefix_cache":
             if await registry.aget(worker) is None:
                 raise InvalidAction(f"worker {worker} is not alive")
-            await feed.reset_prefix_cache(get_channel_layer(), worker)
+            await kv_feed.reset_prefix_cache(get_channel_layer(), worker)
             return f"Prefix cache of {worker} reset."
         if kind == "record":
             action = frame.get("action")
@@ -128,7 +125,7 @@ class MemoryConsumer(SnapshotFeed):
                 raise InvalidAction("action must be 'start' or 'stop'")
             if await registry.aget(worker) is None:
                 raise InvalidAction(f"worker {worker} is not alive")
-            await feed.record(get_channel_layer(), worker, action)
+            await kv_feed.record(get_channel_layer(), worker, action)
             return f"Recording of {worker}: {action} sent."
         raise InvalidAction("type must be 'abort', 'reset_prefix_cache' or 'record'")
 

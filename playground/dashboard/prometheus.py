@@ -1,7 +1,7 @@
 """Prometheus exposition of every live GPU worker's figures, from the web process.
 
 The web process cannot read a worker's memory, and workers run no HTTP server. But every worker already
-writes a heartbeat to the shared cache each second (playground/serving/registry.py) holding its engine's
+writes a heartbeat to the shared cache each second (playground/serving/shared/registry.py) holding its engine's
 `metrics()` (without the block map) and its latency histograms. So `/metrics` on any web server renders the
 latest heartbeat of each live worker, one time series per worker (label `worker`), under vLLM's metric
 names wherever vLLM has one (docs/metrics.md), so vLLM's Grafana dashboards work unchanged. A worker that
@@ -51,7 +51,7 @@ COUNTERS = [
     ("playground:cow_copies", "Copy-on-write copies of shared partial blocks.", "cow_copies_total"),
 ]
 
-# (metric name, help, key of the heartbeat's "latency" histograms: playground/dashboard/stats.py).
+# (metric name, help, key of the heartbeat's "latency" histograms: playground/serving/worker/stats.py).
 HISTOGRAMS = [
     ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
     ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),

@@ -7,15 +7,11 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from playground.serving.shared import registry
+from playground.accounts.access import is_staff
+from playground.serving.shared import kv_feed, registry
 from playground.serving.web import backlog
 
-from . import feed
 from .prometheus import registry_for
-
-
-def is_staff(user) -> bool:
-    return bool(user and user.is_active and user.is_staff)
 
 
 @require_GET
@@ -29,7 +25,7 @@ def memory(request: HttpRequest) -> HttpResponse:
 @user_passes_test(is_staff)
 def recording(request: HttpRequest, worker: str) -> HttpResponse:
     """A worker's last stopped recording as a JSON download (replay it on /lab/ with "Import recording")."""
-    data = cache.get(feed.recording_key(worker))
+    data = cache.get(kv_feed.recording_key(worker))
     if data is None:
         raise Http404("no recording of this worker (none was stopped in the last hour)")
     response = JsonResponse(data)

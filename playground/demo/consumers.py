@@ -13,8 +13,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from playground.dashboard import feed
+from playground.accounts.access import may_present, may_use_playground
 from playground.dashboard.subscription import Subscription
+from playground.serving.shared import kv_feed
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
 
 from .blockview import demo_blocks
@@ -44,36 +45,28 @@ def parse_start(frame: dict[str, Any]) -> RunSettings:
     return RunSettings(users=users, rate=float(rate), max_tokens=max_tokens, cache_salt=cache_salt)
 
 
-def may_watch(user) -> bool:
-    return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_authenticated)
-
-
-def may_present(user) -> bool:
-    return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_staff)
-
-
 class DemoConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = None  # the Subscription owns the channel (playground/dashboard/subscription.py)
 
     async def connect(self) -> None:
         self.subscription: Subscription | None = None
         self.renewals: asyncio.Task | None = None
-        if not may_watch(self.scope.get("user")):
+        if not may_use_playground(self.scope.get("user")):
             await self.close(code=CLOSE_LOGIN_REQUIRED)
             return
         # Full snapshots too, for the block map of the demo's own requests (demo_blocks filters them).
-        self.subscription = Subscription((GROUP, feed.SUMMARY_GROUP, feed.KV_GROUP), self,
+        self.subscription = Subscription((GROUP, kv_feed.SUMMARY_GROUP, kv_feed.KV_GROUP), self,
                                          on_relay=self.relaying)
         await self.subscription.start()
         await self.accept()
         self.subscription.relay()
-        self.renewals = asyncio.create_task(feed.keep_watching(get_channel_layer()))
+        self.renewals = asyncio.create_task(kv_feed.keep_watching(get_channel_layer()))
 
     async def relaying(self, layer) -> None:
         """In the groups (again): the run's state as of now (the events queued since follow it), and fresh
         snapshots."""
         await self.send_json({"type": "state", **runner.state()})
-        await feed.ask_for_snapshots(layer, full=True)
+        await kv_feed.ask_for_snapshots(layer, full=True)
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "renewals", None) is not None:
@@ -103,7 +96,7 @@ class DemoConsumer(AsyncJsonWebsocketConsumer):
         """Staff recordings of a worker (on the same group) are not the demo's business."""
 
     async def kv_snapshot(self, event: dict[str, Any]) -> None:
-        """A worker's summary snapshot (shape: playground/dashboard/snapshot.py) for the charts; a full one
+        """A worker's summary snapshot (shape: serving/worker/kv_snapshot.py) for the charts; a full one
         becomes the block map of the demo's own requests, nothing of anyone else's."""
         snapshot = event["snapshot"]
         if "block_map" in snapshot:

@@ -5,14 +5,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from .consumers import may_present, may_watch
+from playground.accounts.access import may_present, may_use_playground
 
 WS_PATH = "/ws/demo/"
 
 
 @require_GET
 def index(request: HttpRequest) -> HttpResponse:
-    if not may_watch(request.user):
+    if not may_use_playground(request.user):
         return redirect_to_login(request.get_full_path())
     config = {
         "ws_path": WS_PATH,

@@ -13,13 +13,10 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from playground.accounts.access import may_use_playground
 from playground.serving.shared import registry
 from playground.serving.shared.naming import LAB_COMMANDS, lab_group, lab_worker_group
 from playground.serving.web.edge import CLOSE_CODES, InvalidInput, decode_frame
-
-
-def may_use_lab(user) -> bool:
-    return settings.PLAYGROUND_ALLOW_ANONYMOUS or bool(user and user.is_authenticated)
 
 
 def pick_worker(workers: list[dict[str, Any]]) -> str | None:
@@ -31,7 +28,7 @@ def pick_worker(workers: list[dict[str, Any]]) -> str | None:
 
 class LabConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        if not may_use_lab(self.scope.get("user")):
+        if not may_use_playground(self.scope.get("user")):
             await self.close(code=CLOSE_CODES["login_required"])
             return
         self.lab_id = uuid.uuid4().hex

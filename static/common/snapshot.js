@@ -4,7 +4,7 @@
  * `chartValues()` is the one place that maps a snapshot onto the numbers the charts plot; `decodeBlockMap()`
  * expands the compact block map (one state character per physical block) into per-block records.
  *
- * Snapshot shape (built by playground/dashboard/snapshot.py; `/ws/kv/` sends it without block_map and
+ * Snapshot shape (built by playground/serving/worker/kv_snapshot.py; `/ws/kv/` sends it without block_map and
  * requests):
  *   {"type": "snapshot", "worker": str, "time": float (epoch seconds),
  *    "metrics": {num_blocks_total, num_blocks_used, num_blocks_free, num_blocks_cached, kv_cache_usage,

@@ -4,7 +4,7 @@
  *   {"type": "state", "run", "users"}                 on connect: the run so far
  *   {"type": "event", "kind": "run"|"user"|"tokens", ...}  live changes (see playground/demo/runner.py)
  *   {"type": "snapshot", "worker", "time", "metrics", "tokens_per_s", ...}  a worker's summary snapshot
- *                                                     (playground/dashboard/snapshot.py), a few per second
+ *                                                     (playground/serving/worker/kv_snapshot.py), a few per second
  *   {"type": "error", "message"}
  * Model text is only ever set with textContent: it renders as text, never as HTML.
  */

@@ -6,7 +6,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
-from playground.api.models import ApiKey
+from playground.accounts.models import ApiKey
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +41,7 @@ def test_admin_add_shows_the_new_secret_once():
     user = User.objects.create_user("erin")
     client = Client()
     client.force_login(admin)
-    response = client.post("/admin/api/apikey/add/", {"user": user.pk, "name": "ci"}, follow=True)
+    response = client.post("/admin/accounts/apikey/add/", {"user": user.pk, "name": "ci"}, follow=True)
     assert response.status_code == 200
     shown = re.search(r"New API key for erin: (pp-[A-Za-z0-9_-]+)", response.content.decode()).group(1)
     assert ApiKey.objects.active_for(shown).user == user

@@ -134,7 +134,6 @@ def test_play_runs_a_scenario_and_the_recording_replays(server, page, tmp_path):
     recording = json.loads(path.read_text())
     assert recording["format"] == "paged-playground-recording/1" and recording["num_blocks"] == 16
     page.wait_for_selector("#replay:not([hidden])")
-    last = int(page.get_attribute("#replay-slider", "max"))
     # At the end nothing is used; scrubbing back to a step where B and C ran shows them holding blocks.
     assert page.locator('#replay-pool .block[data-state="used"]').count() == 0
     target = next(i for i, e in enumerate(_steps(recording)) if e == 20)

@@ -9,10 +9,11 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from playground.asgi import application
-from playground.dashboard import feed, snapshot
 from playground.dashboard.consumers import CLOSE_FORBIDDEN, CLOSE_LOGIN_REQUIRED
-from playground.dashboard.publisher import SnapshotPublisher
-from playground.dashboard.stats import LatencyStats, ThroughputMeter, percentiles
+from playground.serving.shared import kv_feed
+from playground.serving.worker import kv_snapshot
+from playground.serving.worker.kv_publisher import SnapshotPublisher
+from playground.serving.worker.stats import LatencyStats, ThroughputMeter, percentiles
 from playground.serving.shared import registry
 from playground.serving.shared.naming import CONTROL_GROUP
 
@@ -36,8 +37,8 @@ METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4
 
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
-    counters, memory = snapshot.KvSampler().sample(METRICS)
-    summary = snapshot.build_summary("w1", counters, 12.345, {"requests": 0}, 1000.0)
+    counters, memory = kv_snapshot.KvSampler().sample(METRICS)
+    summary = kv_snapshot.build_summary("w1", counters, 12.345, {"requests": 0}, 1000.0)
     expected_summary = {
         "type": "snapshot",
         "worker": "w1",
@@ -48,7 +49,7 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
         "latency": {"requests": 0},
     }
     assert summary == expected_summary
-    snap = snapshot.with_block_map(summary, memory)
+    snap = kv_snapshot.with_block_map(summary, memory)
     assert snap == {
         **expected_summary,
         "stamps": {"counters": 1, "block_map": 1},
@@ -66,7 +67,7 @@ def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
 
 def test_block_map_with_an_unknown_state_is_refused():
     with pytest.raises(ValueError, match="block 0 has unknown state 'swapped'"):
-        snapshot.encode_block_map([block("swapped")])
+        kv_snapshot.encode_block_map([block("swapped")])
 
 
 def test_a_large_pool_encodes_to_a_small_message():
@@ -77,7 +78,7 @@ def test_a_large_pool_encodes_to_a_small_message():
     for r in range(64):
         for b in range(32):
             pool[r * 32 + b] = block("used", 1, [f"{r:032x}"])
-    size = len(json.dumps(snapshot.encode_block_map(pool)))
+    size = len(json.dumps(kv_snapshot.encode_block_map(pool)))
     assert size < 100_000 + 64 * 32 * 50
 
 
@@ -149,12 +150,12 @@ def test_publisher_answers_refresh_and_resets_only_its_own_prefix_cache():
     publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
     publisher.poll(0.0)
     assert publisher.poll(100.0) is None
-    publisher.control({"type": feed.REFRESH})
+    publisher.control({"type": kv_feed.REFRESH})
     assert publisher.poll(100.25) is not None
     assert publisher.poll(100.5) is None
-    publisher.control({"type": feed.RESET_PREFIX_CACHE, "worker": "w2"})
+    publisher.control({"type": kv_feed.RESET_PREFIX_CACHE, "worker": "w2"})
     assert service.resets == 0 and publisher.poll(101.0) is None
-    publisher.control({"type": feed.RESET_PREFIX_CACHE, "worker": "w1"})
+    publisher.control({"type": kv_feed.RESET_PREFIX_CACHE, "worker": "w1"})
     assert service.resets == 1 and publisher.poll(101.25) is not None  # the new state is shown at once
 
 
@@ -163,16 +164,16 @@ def test_publisher_builds_full_snapshots_only_while_a_memory_view_holds_a_lease(
     service.figures = METRICS
     publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
     assert publisher.poll(0.0).full is None  # only chat pages may be watching: figures only
-    publisher.control({"type": feed.REFRESH, "watch": True})  # a memory view connects
+    publisher.control({"type": kv_feed.REFRESH, "watch": True})  # a memory view connects
     first = publisher.poll(0.25)
     assert first.full["block_map"]["states"] == "ssucfu" and first.full["requests"][0]["block_table"] == [0, 1, 2]
     assert {k: v for k, v in first.full.items() if k in first.summary and k != "stamps"} == {
         k: v for k, v in first.summary.items() if k != "stamps"}
-    publisher.control({"type": feed.WATCH})  # renewed while open
-    publisher.control({"type": feed.REFRESH})
+    publisher.control({"type": kv_feed.WATCH})  # renewed while open
+    publisher.control({"type": kv_feed.REFRESH})
     assert publisher.poll(20.0).full is not None
-    publisher.control({"type": feed.REFRESH})
-    assert publisher.poll(20.0 + feed.WATCH_LEASE_S + 0.01).full is None  # closed: no renewal, lease over
+    publisher.control({"type": kv_feed.REFRESH})
+    assert publisher.poll(20.0 + kv_feed.WATCH_LEASE_S + 0.01).full is None  # closed: no renewal, lease over
 
 
 def test_between_block_map_refreshes_full_snapshots_keep_the_map_with_its_own_tables():
@@ -180,7 +181,7 @@ def test_between_block_map_refreshes_full_snapshots_keep_the_map_with_its_own_ta
     over without `sequences`: the full snapshot failed with a KeyError, logged and dropped."""
     service = ScriptedService()
     publisher = SnapshotPublisher("w1", service, bridge=None, interval_s=0.25)
-    publisher.control({"type": feed.REFRESH, "watch": True})
+    publisher.control({"type": kv_feed.REFRESH, "watch": True})
     service.figures = METRICS  # a block-map refresh: map and tables of one step
     fresh = publisher.poll(0.0).full
     carried = {k: v for k, v in METRICS.items() if k != "sequences"} | {"generation_tokens_total": 11}
@@ -250,7 +251,7 @@ def test_memory_socket_refuses_everyone_but_staff(staff, member):
 
 @pytest.mark.django_db(transaction=True)
 def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_lease(staff, monkeypatch):
-    monkeypatch.setattr(feed, "WATCH_RENEW_S", 0.1)
+    monkeypatch.setattr(kv_feed, "WATCH_RENEW_S", 0.1)
 
     async def scenario():
         layer = get_channel_layer()
@@ -258,12 +259,12 @@ def test_memory_socket_relays_snapshots_asks_workers_for_one_and_renews_its_leas
         await layer.group_add(CONTROL_GROUP, control)
         ws, connected, _ = await ws_connect("/ws/memory/", staff)
         assert connected
-        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.REFRESH, "watch": True}
-        counters, memory = snapshot.KvSampler().sample(METRICS)
-        full = snapshot.with_block_map(snapshot.build_summary("w1", counters, 1.0, {}, 1.0), memory)
-        await layer.group_send(feed.KV_GROUP, {"type": feed.SNAPSHOT, "snapshot": full})
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": kv_feed.REFRESH, "watch": True}
+        counters, memory = kv_snapshot.KvSampler().sample(METRICS)
+        full = kv_snapshot.with_block_map(kv_snapshot.build_summary("w1", counters, 1.0, {}, 1.0), memory)
+        await layer.group_send(kv_feed.KV_GROUP, {"type": kv_feed.SNAPSHOT, "snapshot": full})
         assert await ws.receive_json_from(timeout=5) == full
-        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.WATCH}
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": kv_feed.WATCH}
         await ws.disconnect()
 
     run(scenario())
@@ -287,10 +288,10 @@ def test_memory_socket_actions_reach_the_workers(staff):
         await asyncio.to_thread(registry.beat, {"name": "w1", "state": "ready", "metrics": {}})
         await ws.send_json_to({"type": "reset_prefix_cache", "worker": "w1"})
         assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
-        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RESET_PREFIX_CACHE, "worker": "w1"}
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": kv_feed.RESET_PREFIX_CACHE, "worker": "w1"}
         await ws.send_json_to({"type": "record", "worker": "w1", "action": "start"})
         assert (await ws.receive_json_from(timeout=5))["type"] == "ack"
-        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": feed.RECORD, "worker": "w1",
+        assert await asyncio.wait_for(layer.receive(control), 5) == {"type": kv_feed.RECORD, "worker": "w1",
                                                                      "action": "start"}
 
         for bad, message in [
@@ -316,8 +317,8 @@ def test_kv_feed_sends_summaries_to_whoever_may_chat(member):
             assert not connected and code == CLOSE_LOGIN_REQUIRED
             ws, connected, _ = await ws_connect("/ws/kv/", member)
             assert connected
-        summary = snapshot.build_summary("w1", snapshot.KvSampler().sample(METRICS)[0], 1.0, {}, 1.0)
-        await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": summary})
+        summary = kv_snapshot.build_summary("w1", kv_snapshot.KvSampler().sample(METRICS)[0], 1.0, {}, 1.0)
+        await get_channel_layer().group_send(kv_feed.SUMMARY_GROUP, {"type": kv_feed.SNAPSHOT, "snapshot": summary})
         assert await ws.receive_json_from(timeout=5) == summary
         await ws.send_json_to({"type": "abort", "worker": "w1", "request_id": "r1"})
         assert await ws.receive_json_from(timeout=5) == {"type": "error", "message": "this feed is read-only"}

@@ -13,7 +13,7 @@ from channels.layers import get_channel_layer
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference import EngineArgs, EngineHealth, LLMEngine, SamplingParams
-from playground.dashboard import feed
+from playground.serving.shared import kv_feed
 from playground.serving.shared import registry
 from playground.serving.worker.bridge import LoopBridge
 from playground.serving.worker.engine_service import EngineService
@@ -65,15 +65,15 @@ def worker(engine):
     runtime = WorkerRuntime("stepped@test", service, bridge)
     layer = get_channel_layer()
     channel = bridge.call(layer.new_channel("test.kv."))
-    bridge.call(layer.group_add(feed.KV_GROUP, channel))
+    bridge.call(layer.group_add(kv_feed.KV_GROUP, channel))
     clock = iter(range(10**6))
 
     def publish() -> dict:
         # As the memory view asks: publish now, even if the figures did not change, with the block map.
-        runtime.publisher.control({"type": feed.REFRESH, "watch": True})
+        runtime.publisher.control({"type": kv_feed.REFRESH, "watch": True})
         runtime.publisher.publish(runtime.publisher.poll(float(next(clock))))
         message = bridge.call(layer.receive(channel), 5)
-        assert message["type"] == feed.SNAPSHOT
+        assert message["type"] == kv_feed.SNAPSHOT
         return message["snapshot"]
 
     yield runtime, publish
@@ -156,7 +156,7 @@ def test_published_block_map_is_the_engines_state_through_sharing_caching_and_re
     engine.step()  # the prompt's three full blocks come from the prefix cache
     seen |= check(publish(), engine)
     run_to_end(engine, runtime)
-    runtime.publisher.control({"type": feed.RESET_PREFIX_CACHE, "worker": runtime.name})
+    runtime.publisher.control({"type": kv_feed.RESET_PREFIX_CACHE, "worker": runtime.name})
     reset = publish()
     seen |= check(reset, engine)
     assert set(reset["block_map"]["states"]) == {"f"}

@@ -11,8 +11,9 @@ from django.contrib.auth.models import User
 from fake_worker import ORIGIN, worker
 
 from playground.asgi import application
-from playground.dashboard import feed
-from playground.demo.consumers import may_present, may_watch, parse_start
+from playground.serving.shared import kv_feed
+from playground.accounts.access import may_present, may_use_playground
+from playground.demo.consumers import parse_start
 from playground.demo.presets import PRESETS, SHARED_SYSTEM, preset
 from playground.demo.runner import runner
 from playground.serving.web import dispatch
@@ -136,7 +137,7 @@ def test_only_presenters_start_runs_when_anonymous_use_is_off(settings):
     connected, code = asyncio.run(scenario())
     assert not connected and code == 4401
     bob = User.objects.create_user("bob")
-    assert may_watch(bob) and not may_present(bob)
+    assert may_use_playground(bob) and not may_present(bob)
     bob.is_staff = True
     assert may_present(bob)
 
@@ -165,7 +166,7 @@ def test_watchers_get_the_workers_summary_snapshots():
         ws = await watch()
         await ws.receive_json_from()  # state
         snapshot = {"type": "snapshot", "worker": "w", "time": 1.0, "metrics": {"num_blocks_used": 3}}
-        await get_channel_layer().group_send(feed.SUMMARY_GROUP, {"type": feed.SNAPSHOT, "snapshot": snapshot})
+        await get_channel_layer().group_send(kv_feed.SUMMARY_GROUP, {"type": kv_feed.SNAPSHOT, "snapshot": snapshot})
         relayed = await ws.receive_json_from(timeout=5)
         await ws.disconnect()
         return snapshot, relayed

@@ -1,6 +1,6 @@
 """The demo page's block map: the demo's own requests by user name, everyone else's blocks as "others",
 nothing that names another request."""
-from playground.dashboard import snapshot
+from playground.serving.worker import kv_snapshot
 from playground.demo.blockview import OTHERS, demo_blocks
 
 
@@ -15,7 +15,7 @@ def test_only_the_demos_requests_are_named():
     full = {
         "type": "snapshot", "worker": "w1", "stamps": {"counters": 3, "block_map": 3},
         "metrics": {"block_size": 16},
-        "block_map": snapshot.encode_block_map(block_map),
+        "block_map": kv_snapshot.encode_block_map(block_map),
         "requests": [
             {"request_id": "demo-1", "index": 0, "block_table": [0, 1], "context_len": 20, "max_len": 80},
             {"request_id": "secret-req", "index": 0, "block_table": [0, 2], "context_len": 30, "max_len": 90},

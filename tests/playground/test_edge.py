@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.test import AsyncClient
 
-from playground.api.models import ApiKey
+from playground.accounts.models import ApiKey
 from playground.serving.web import dispatch
 from playground.serving.web.edge import InvalidInput, nesting_depth, parse_json_object
 

@@ -69,15 +69,19 @@ def test_debug_is_off_by_default_and_the_secret_key_comes_from_the_environment_o
     assert distributed.returncode != 0 and "set SECRET_KEY" in distributed.stderr
 
 
-def test_anonymous_use_defaults_on_only_for_the_one_process_mode():
-    def allowed(**env: str) -> str:
-        code = "import playground.settings as s; print(s.PLAYGROUND_ALLOW_ANONYMOUS)"
-        environ = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "PLAYGROUND_ALLOW_ANONYMOUS"}}
+def test_anonymous_use_and_the_keyless_api_default_on_only_for_the_one_process_mode():
+    def defaults(**env: str) -> tuple[str, ...]:
+        code = "import playground.settings as s; print(s.PLAYGROUND_ALLOW_ANONYMOUS, s.PLAYGROUND_API_KEYLESS)"
+        names = {"REDIS_URL", "PLAYGROUND_ALLOW_ANONYMOUS", "PLAYGROUND_API_KEYLESS"}
+        environ = {k: v for k, v in os.environ.items() if k not in names}
         env = {"SECRET_KEY": "test-only", **env}
         out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
                              text=True, timeout=60, check=True)  # fmt: skip
-        return out.stdout.strip()
+        return tuple(out.stdout.split())
 
-    assert allowed() == "True"
-    assert allowed(REDIS_URL="redis://127.0.0.1:6379/0") == "False"
-    assert allowed(REDIS_URL="redis://127.0.0.1:6379/0", PLAYGROUND_ALLOW_ANONYMOUS="1") == "True"
+    redis = "redis://127.0.0.1:6379/0"
+    assert defaults() == ("True", "True")
+    assert defaults(REDIS_URL=redis) == ("False", "False")
+    assert defaults(REDIS_URL=redis, PLAYGROUND_ALLOW_ANONYMOUS="1") == ("True", "False")  # the API still wants keys
+    assert defaults(PLAYGROUND_ALLOW_ANONYMOUS="0") == ("False", "False")
+    assert defaults(PLAYGROUND_API_KEYLESS="0") == ("True", "False")

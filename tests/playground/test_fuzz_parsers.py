@@ -21,7 +21,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from playground.api.errors import ApiError
-from playground.api.models import ApiKey
+from playground.accounts.models import ApiKey
 from playground.api.schema import parse_body, parse_chat, parse_completion
 from playground.asgi import application
 from playground.chat.protocol import Generate, parse_frame

@@ -10,7 +10,7 @@ from django.test import AsyncClient
 from fake_worker import connect, generate, until_end, worker
 
 from inference import LoRARequest
-from playground.api.models import ApiKey
+from playground.accounts.models import ApiKey
 from playground.envconfig import env_lora_modules
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from playground.celery import app as celery_app
 from playground.dashboard.prometheus import COUNTERS, GAUGES, HISTOGRAMS
-from playground.dashboard.stats import LatencyStats
+from playground.serving.worker.stats import LatencyStats
 from playground.serving.shared import registry
 from playground.serving.shared.naming import GPU_QUEUE, TASK_NAME, worker_queue
 

@@ -8,7 +8,7 @@
 | `worker-abort` | `WorkerRuntime` | `gen.abort` messages handed over by the control-group listener: the runtime's request sets (its lock) and `EngineService.abort`, so the event loop never waits for either |
 | `worker-drain` | `Drain.begin` (drain.py), on SIGTERM | marking the registry entry draining, waiting up to `PLAYGROUND_DRAIN_S` for the requests held, aborting what is left |
 | `worker-heartbeat` | `WorkerRuntime.start` | the registry entry: state, engine health, live request ids, metrics, each second |
-| `kv-publisher` | `SnapshotPublisher.start` (playground.dashboard) | sampling the engine's figures and publishing KV snapshots |
+| `kv-publisher` | `SnapshotPublisher.start` (`kv_publisher`) | sampling the engine's figures and publishing KV snapshots |
 | `kv-record` | `SnapshotPublisher.control`, one per Record / Stop press | starting or stopping the engine's event recording (waits for the engine loop to run the call) |
 | `lab` | `LabHost.start` | the lab sessions' inbox: hands each command to the engine loop (which owns the sandboxes) and sends the reply |
 | `celery-worker` | `playground.serving.embedded` (the embedded mode only) | Celery's consumer, which starts the pool threads below |

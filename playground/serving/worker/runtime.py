@@ -7,7 +7,7 @@ worker's one token publisher (coalesce.py), which sends the coalesced deltas to 
 group from the event loop; once the publisher has sent the last text, the thread sends `gen.done` (or
 `gen.error`).
 
-Messages sent to group `req.<request_id>` (handled by playground.chat.consumers.ChatConsumer):
+Messages sent to group `req.<request_id>` (read by the web side's request lifecycle, serving/web/lifecycle.py):
 `gen.accepted` {request_id, worker}, `gen.tokens` {request_id, chunks: [{index, seq, text}]},
 `gen.done` {request_id, worker, outputs, usage, timing}, `gen.error` {request_id, message, code}, where `code`
 is "invalid_request" (the engine refused the request), "unavailable" (no engine) or "server_error".
@@ -30,13 +30,13 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from playground import logs
-from playground.dashboard.publisher import SnapshotPublisher
 
 from ..shared import registry
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .drain import Drain
 from .engine_service import EngineService, EngineUnavailable
+from .kv_publisher import SnapshotPublisher
 from .lab_host import LabHost
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, request_group, worker_queue
 from ..shared.retry import once_more
@@ -113,7 +113,7 @@ class WorkerRuntime:
             "requests": serving,  # the web side tells a lost reply from a slow one by this
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
-            "latency": self.publisher.latency.export(),  # histograms for /metrics (playground.dashboard)
+            "latency": self.publisher.latency.export(),  # histograms for /metrics (dashboard/prometheus.py)
             "finished": self.publisher.latency.finish_reasons(),  # vllm:request_success_total
             "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
         }

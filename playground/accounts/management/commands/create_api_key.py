@@ -2,7 +2,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from playground.api.models import ApiKey
+from playground.accounts.models import ApiKey
 
 
 class Command(BaseCommand):

@@ -1,10 +1,10 @@
-"""Worker side of the dashboard: publish the engine's KV snapshot a few times a second while it changes.
+"""The KV dashboard's worker side: publish the engine's KV snapshot a few times a second while it changes.
 
 Each GPU worker runtime owns one SnapshotPublisher. Its thread samples the engine every `interval_s`; it
 publishes when the engine's figures changed since the last look, for a short while after the last change
 (so tokens/s is seen falling to zero), or when a viewer asked (`kv.refresh`); an idle worker is quiet.
 Summaries always go to the chat pages' group; full snapshots (block map, block tables) are built and sent
-to the memory view's group only while a memory view holds a watch lease (feed.py).
+to the memory view's group only while a memory view holds a watch lease (kv_feed.py).
 Request threads report finished requests through `observe`, which feeds the latency percentiles of the
 snapshot and the histograms the heartbeat carries to `/metrics`.
 """
@@ -18,18 +18,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from channels.layers import get_channel_layer
 from django.core.cache import cache
 
-from . import feed, snapshot
+from ..shared import kv_feed
+from . import kv_snapshot
 from .stats import LatencyStats, RequestTimes, ThroughputMeter
 
 if TYPE_CHECKING:
-    from playground.serving.worker.bridge import LoopBridge
-    from playground.serving.worker.engine_service import EngineService
+    from .bridge import LoopBridge
+    from .engine_service import EngineService
 
 logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 2.0
 SEND_TIMEOUT_S = 5.0
-ACTIONS = ("start", "stop")  # of a recording (feed.RECORD)
+ACTIONS = ("start", "stop")  # of a recording (kv_feed.RECORD)
 
 
 class Publication(NamedTuple):
@@ -49,7 +50,7 @@ class SnapshotPublisher:
         self.linger_s = THROUGHPUT_WINDOW_S + 2 * interval_s
         self.latency = LatencyStats()
         self._meter = ThroughputMeter(THROUGHPUT_WINDOW_S)
-        self._sampler = snapshot.KvSampler()
+        self._sampler = kv_snapshot.KvSampler()
         self._last_metrics: dict[str, Any] | None = None
         self._changed_at = float("-inf")
         self._refresh = threading.Event()
@@ -72,32 +73,32 @@ class SnapshotPublisher:
         self.latency.observe(times)
 
     def control(self, message: dict[str, Any]) -> None:
-        """Handle a dashboard message of the control group (see feed.py); other messages are ignored."""
+        """Handle a dashboard message of the control group (see kv_feed.py); other messages are ignored."""
         kind = message.get("type")
-        if kind == feed.REFRESH:
+        if kind == kv_feed.REFRESH:
             self._refresh.set()
             if message.get("watch"):
                 self._lease_asked.set()
-        elif kind == feed.WATCH:
+        elif kind == kv_feed.WATCH:
             self._lease_asked.set()
-        elif kind == feed.RESET_PREFIX_CACHE and message.get("worker") == self.worker:
+        elif kind == kv_feed.RESET_PREFIX_CACHE and message.get("worker") == self.worker:
             self.service.reset_prefix_cache()
             self._refresh.set()
-        elif kind == feed.RECORD and message.get("worker") == self.worker and message.get("action") in ACTIONS:
+        elif kind == kv_feed.RECORD and message.get("worker") == self.worker and message.get("action") in ACTIONS:
             # Off the event loop: the engine runs the call between two of its steps.
             threading.Thread(target=self._record, args=(message["action"],), name="kv-record", daemon=True).start()
 
     def _record(self, action: str) -> None:
         """Start or stop the engine's recording; a stopped one goes to the cache for the memory view."""
-        answer: dict[str, Any] = {"type": feed.RECORDING, "worker": self.worker}
+        answer: dict[str, Any] = {"type": kv_feed.RECORDING, "worker": self.worker}
         try:
             if action == "start":
-                self.service.start_recording(feed.RECORDING_LIMIT)
+                self.service.start_recording(kv_feed.RECORDING_LIMIT)
                 answer.update(state="recording")
             else:
                 recording = self.service.stop_recording()
                 if recording is not None:
-                    cache.set(feed.recording_key(self.worker), recording, timeout=feed.RECORDING_TTL_S)
+                    cache.set(kv_feed.recording_key(self.worker), recording, timeout=kv_feed.RECORDING_TTL_S)
                 events = len(recording["events"]) if recording else 0
                 answer.update(state="ready" if recording else "idle", events=events,
                               truncated=bool(recording and recording["truncated"]))
@@ -105,7 +106,7 @@ class SnapshotPublisher:
             logger.exception("could not %s the recording", action)
             answer.update(state="error", message=f"could not {action} the recording: {exc}")
         try:
-            self.bridge.call(get_channel_layer().group_send(feed.KV_GROUP, answer), SEND_TIMEOUT_S)
+            self.bridge.call(get_channel_layer().group_send(kv_feed.KV_GROUP, answer), SEND_TIMEOUT_S)
         except Exception:
             logger.exception("could not announce the recording's state")
 
@@ -131,21 +132,21 @@ class SnapshotPublisher:
             self._changed_at = now
         if self._lease_asked.is_set():
             self._lease_asked.clear()
-            self._watched_until = now + feed.WATCH_LEASE_S
+            self._watched_until = now + kv_feed.WATCH_LEASE_S
         asked = self._refresh.is_set()
         self._refresh.clear()
         if not asked and now - self._changed_at > self.linger_s:
             return None
-        summary = snapshot.build_summary(self.worker, counters, tokens_per_s, self.latency.summary(), time.time())
+        summary = kv_snapshot.build_summary(self.worker, counters, tokens_per_s, self.latency.summary(), time.time())
         if now > self._watched_until or memory is None:
             return Publication(summary, None)
-        return Publication(summary, snapshot.with_block_map(summary, memory))
+        return Publication(summary, kv_snapshot.with_block_map(summary, memory))
 
     def publish(self, publication: Publication) -> None:
         """Send the summary to the chat pages' group and the full snapshot, if any, to the memory view's."""
         layer = get_channel_layer()
-        sends = [(feed.SUMMARY_GROUP, publication.summary), (feed.KV_GROUP, publication.full)]
+        sends = [(kv_feed.SUMMARY_GROUP, publication.summary), (kv_feed.KV_GROUP, publication.full)]
         for group, body in sends:
             if body is not None:
-                message = {"type": feed.SNAPSHOT, "snapshot": body}
+                message = {"type": kv_feed.SNAPSHOT, "snapshot": body}
                 self.bridge.call(layer.group_send(group, message), SEND_TIMEOUT_S)
