@@ -72,7 +72,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 user, session_key, request.conversation_id, request.messages
             )
             job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                      preferred_worker=conversation.last_worker, adapter=adapter)  # fmt: skip
+                      preferred_worker=conversation.last_worker, adapter=adapter, fit_window=True)  # fmt: skip
             await self.send_json({"type": "started", "request_id": generation.request_id,
                                   "conversation_id": str(conversation.id)})  # fmt: skip
         except BaseException:
@@ -112,8 +112,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"])
         except Exception:
             logger.exception("could not save the reply of %s", request_id)
-        # The cache receipt and the prompt's provenance segments are shown live, not stored.
-        live = {key: event[key] for key in ("receipt", "prompt_segments") if key in event}
+        # The cache receipt, the prompt's provenance segments and what the window left out are shown live, not
+        # stored.
+        live = {key: event[key] for key in ("receipt", "prompt_segments", "context") if key in event}
         await self.send_json({"type": "done", "request_id": request_id, "conversation_id": str(conversation_id),
                               "worker": event["worker"], **done, **live})  # fmt: skip
 
