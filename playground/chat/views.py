@@ -14,6 +14,7 @@ from playground.serving.web.models import served_models
 
 from .models import Conversation
 from .store import conversation_detail, conversation_summary
+from .window import meter_config
 
 WS_PATH = "/ws/chat/"
 MAX_LISTED = 100
@@ -57,6 +58,7 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
         "sampling": sampling.page_specs(settings.PLAYGROUND_LIMITS),  # the page's controls, from the one table
         "models": served_models(),  # the base model, then the LoRA adapters (the page's model picker)
         "limits": settings.PLAYGROUND_LIMITS,
+        "context": meter_config(),  # the composer's context meter
         "close_codes": CLOSE_CODES,
         "user": {
             "username": user.get_username() if user.is_authenticated else "",

@@ -13,6 +13,7 @@ import { ParamsForm } from "./params.js";
 import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
 import { ResponseFormatControl } from "./format.js";
+import { ContextMeter } from "./meter.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -41,7 +42,8 @@ const CANCEL_GRACE_MS = 5000;
 
 const state = {
   conversationId: null,
-  /** Turns after the system prompt: {role, content, samples?, finish_reason?, usage?, timing?}. */
+  /** Turns after the system prompt: {role, content, el, samples?, finish_reason?, usage?, timing?}; `el` is
+   * the turn's element in the transcript. */
   messages: [],
   /** The generation in flight: {stream, view, requestId, cancelTimer, cancelRequested} or null. */
   active: null,
@@ -49,6 +51,7 @@ const state = {
 
 const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 const formatControl = new ResponseFormatControl($("response-format"));
+const meter = new ContextMeter($("context-meter"), config.context);
 showModelPicker(config.models ?? []);
 
 /** The model picker, shown only when the server serves LoRA adapters beside the base model (listed first). */
@@ -132,6 +135,23 @@ function autoGrow() {
   els.prompt.style.height = `${Math.min(els.prompt.scrollHeight, 220)}px`;
 }
 
+/** The context meter for the conversation, the draft and the max_tokens the form holds now. */
+function updateMeter() {
+  meter.update(transcriptPayload(), els.prompt.value, paramsForm.read().params.max_tokens ?? 0);
+}
+
+/**
+ * Mark the turns the latest reply's prompt left out (the oldest `dropped` after the system prompt), so the
+ * transcript shows what the model did not see.
+ */
+function markOutOfWindow(dropped) {
+  state.messages.forEach((turn, i) => {
+    turn.el?.classList.toggle("out-of-window", i < dropped);
+    if (i < dropped) turn.el?.setAttribute("title", "Left out of the model's context window for the latest reply");
+    else turn.el?.removeAttribute("title");
+  });
+}
+
 // ---------------------------------------------------------------- generation
 
 function transcriptPayload() {
@@ -181,10 +201,10 @@ function send() {
   const params = currentParams();
   if (!params) return;
   showError("");
-  state.messages.push({ role: "user", content: text });
-  transcript.addUser(text);
+  state.messages.push({ role: "user", content: text, el: transcript.addUser(text) });
   els.prompt.value = "";
   autoGrow();
+  updateMeter();
   startGeneration(params);
 }
 
@@ -277,8 +297,9 @@ function handleDone(msg) {
   view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
     timing: stream.timing, gaps: stream.gaps, json: active.json,
     masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
-    receipt: stream.receipt, promptSegments: stream.promptSegments });
+    receipt: stream.receipt, promptSegments: stream.promptSegments, context: stream.context });
   const turn = {
+    el: view.el,
     role: "assistant",
     content: stream.texts[view.chosen],
     samples: stream.texts.length > 1 ? [...stream.texts] : null,
@@ -288,7 +309,12 @@ function handleDone(msg) {
   };
   state.messages.push(turn);
   replyTurns.set(view, turn);
+  if (stream.context) {
+    meter.measure(transcriptPayload(), stream.context, stream.usage?.completion_tokens ?? 0);
+    markOutOfWindow(stream.context.dropped_messages);
+  }
   endActive();
+  updateMeter();
   scrollToEnd();
   refreshHistory();
 }
@@ -346,6 +372,7 @@ function resetConversation() {
   historyList.setActive(null);
   showError("");
   updateEmptyState();
+  updateMeter();
 }
 
 /** Render a conversation in the API's JSON shape (GET /api/conversations/<id>/). */
@@ -359,8 +386,7 @@ function showConversation(conv) {
   for (const m of conv.messages ?? []) {
     if (m.role === "system") continue;
     if (m.role === "user") {
-      transcript.addUser(m.content);
-      state.messages.push({ role: "user", content: m.content });
+      state.messages.push({ role: "user", content: m.content, el: transcript.addUser(m.content) });
       continue;
     }
     const texts = m.samples?.length ? m.samples : [m.content];
@@ -369,12 +395,13 @@ function showConversation(conv) {
     view.markChosen(chosen);
     view.finish({ texts, finishReasons: texts.map((_t, i) => (i === chosen ? m.finish_reason : null)),
       usage: m.usage, timing: m.timing });
-    const turn = { ...m, role: "assistant" };
+    const turn = { ...m, role: "assistant", el: view.el };
     state.messages.push(turn);
     replyTurns.set(view, turn);
   }
   transcript.setRegenerable(true);
   updateEmptyState();
+  updateMeter();
   $("transcript").scrollTop = $("transcript").scrollHeight;
 }
 
@@ -425,7 +452,11 @@ function wire() {
       send();
     }
   });
-  els.prompt.addEventListener("input", autoGrow);
+  els.prompt.addEventListener("input", () => {
+    autoGrow();
+    updateMeter();
+  });
+  els.params.addEventListener("input", updateMeter);
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && state.active) stop();
   });
@@ -438,7 +469,10 @@ function wire() {
   });
   $("reset-params").addEventListener("click", () => paramsForm.reset());
   els.markdown.addEventListener("change", () => transcript.setMarkdown(els.markdown.checked));
-  els.system.addEventListener("input", updateSystemSummary);
+  els.system.addEventListener("input", () => {
+    updateSystemSummary();
+    updateMeter();
+  });
   document.querySelector(".toggle-history").addEventListener("click", () => togglePanel("history"));
   document.querySelector(".toggle-settings").addEventListener("click", () => togglePanel("settings"));
   $("scrim").addEventListener("click", () => els.app.classList.remove("show-history", "show-settings"));
@@ -454,6 +488,7 @@ function init() {
   updateSystemSummary();
   if (config.conversation) showConversation(config.conversation);
   updateEmptyState();
+  updateMeter();
   setBusy(false);
   socket.connect();
   kvFeed.connect();

@@ -42,6 +42,24 @@ function formatRate(rate) {
   return rate === null || rate === undefined ? "–" : `${rate.toFixed(1)} tok/s`;
 }
 
+/** What the worker fitted into the context window for this reply (docs/protocol.md, `done.context`). */
+function contextView(context) {
+  const box = el("div", "receipt-context");
+  box.dataset.dropped = String(context.dropped_messages);
+  box.append(
+    stat("context_window", "window", `${context.prompt_tokens} prompt + ${context.reply_room} reply room of ` +
+      `${context.window} tokens`),
+    stat("context_dropped_tokens", "dropped",
+      `${context.dropped_messages} messages (${context.dropped_turns} turns, ${context.dropped_tokens} tokens)`),
+  );
+  const note = context.dropped_messages > 0
+    ? "The oldest turns did not fit and were left out, whole. That changes the prompt right after the system " +
+      "prompt, so the kept turns' blocks have new hashes: they were computed again, not served from the prefix cache."
+    : "The whole conversation fitted.";
+  box.append(el("p", "receipt-legend", `Policy: ${context.policy}. ${note}`));
+  return box;
+}
+
 /** An assistant reply: n samples, a stats line and actions. */
 export class ReplyView {
   /**
@@ -135,7 +153,7 @@ export class ReplyView {
 
   /** Show the final texts, finish reasons and stats of a finished stream (or a saved reply). */
   finish({ texts, finishReasons, usage, timing, gaps = 0, json = false, masks = [], receipt = null,
-           promptSegments = null }) {
+           promptSegments = null, context = null }) {
     this.json = json;
     texts.forEach((t, i) => this.setText(i, t));
     masks.forEach((mask, i) => { if (mask && this.sampleEls[i]) this.sampleEls[i].append(maskView(mask)); });
@@ -163,13 +181,16 @@ export class ReplyView {
     if (finishReasons.length === 1 && finishReasons[0]) {
       items.push(stat("finish_reason", "finish", finishReasons[0]));
     }
-    if (receipt) items.push(this.receiptToggle(receipt, promptSegments));
+    if (context?.dropped_messages > 0) {
+      items.push(stat("context_dropped", "left out", `${context.dropped_messages} oldest messages (window)`));
+    }
+    if (receipt) items.push(this.receiptToggle(receipt, promptSegments, context));
     this.meta.replaceChildren(...items);
     if (gaps > 0) this.showNotice(`${gaps} streamed update(s) were lost in transit; the final text above is complete.`);
   }
 
   /** "Cache receipt": where the prompt's K/V came from (coloured by block) and where the time went. */
-  receiptToggle(receipt, segments) {
+  receiptToggle(receipt, segments, context) {
     const details = el("details", "receipt");
     details.append(el("summary", "", "cache receipt"));
     const figures = el("div", "receipt-figures");
@@ -184,6 +205,7 @@ export class ReplyView {
       stat("receipt_tpot", "TPOT", formatMs(receipt.tpot_ms)),
     );
     details.append(figures);
+    if (context) details.append(contextView(context));
     if (segments && segments.length) {
       const prompt = el("pre", "provenance");
       let block = -1;
