@@ -13,7 +13,7 @@ from playground.serving.web.edge import CLOSE_CODES
 from playground.serving.web.models import served_models
 
 from .models import Conversation
-from .store import conversation_detail, conversation_summary
+from .store import ConversationNotFound, conversation_detail, conversation_summary, delete_message, show_branch
 from .window import meter_config
 
 WS_PATH = "/ws/chat/"
@@ -96,4 +96,17 @@ def conversation(request: HttpRequest, conversation_id) -> HttpResponse:
     if request.method == "DELETE":
         found.delete()
         return HttpResponse(status=204)
+    return JsonResponse(conversation_detail(found))
+
+
+@require_http_methods(["POST", "DELETE"])
+@chat_access
+def message(request: HttpRequest, conversation_id, message_id: int) -> HttpResponse:
+    """POST: show the branch through this message (the page's ‹ 2/3 › arrows); DELETE: delete the message and
+    what follows it on its branches. Both answer with the conversation as it is now."""
+    found = _get_owned(request, conversation_id)
+    try:
+        (show_branch if request.method == "POST" else delete_message)(found, message_id)
+    except ConversationNotFound as exc:
+        raise Http404(str(exc)) from exc
     return JsonResponse(conversation_detail(found))
