@@ -8,7 +8,7 @@
 
 import { JsonSocket } from "../common/socket.js";
 import { ReplyStream } from "./stream.js";
-import { Transcript } from "./transcript.js";
+import { Transcript, turnTools } from "./transcript.js";
 import { ParamsForm } from "./params.js";
 import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
@@ -42,8 +42,9 @@ const CANCEL_GRACE_MS = 5000;
 
 const state = {
   conversationId: null,
-  /** Turns after the system prompt: {role, content, el, samples?, finish_reason?, usage?, timing?}; `el` is
-   * the turn's element in the transcript. */
+  /** Turns after the system prompt: {role, content, el, id?, siblings?, samples?, finish_reason?, usage?,
+   * timing?}; `el` is the turn's element in the transcript, `id` the saved message's and `siblings` the ids of
+   * the branches at that point (docs/protocol.md). */
   messages: [],
   /** The generation in flight: {stream, view, requestId, cancelTimer, cancelRequested} or null. */
   active: null,
@@ -75,7 +76,7 @@ const transcript = new Transcript(els.messages, {
     const turn = replyTurns.get(view);
     if (turn?.samples) turn.content = turn.samples[index];
   },
-  onRegenerate: () => regenerate(),
+  onRegenerate: (view) => regenerate(view),
 });
 
 const historyList = new ConversationList($("conv-list"), $("conv-empty"), {
@@ -201,27 +202,117 @@ function send() {
   const params = currentParams();
   if (!params) return;
   showError("");
-  state.messages.push({ role: "user", content: text, el: transcript.addUser(text) });
+  addUserTurn({ role: "user", content: text });
   els.prompt.value = "";
   autoGrow();
   updateMeter();
   startGeneration(params);
 }
 
-function regenerate() {
+/** Regenerate `view`'s reply: it and what follows leave the page (the server keeps them as a branch). */
+function regenerate(view) {
   if (state.active) return;
   const params = currentParams();
   if (!params) return;
-  const last = transcript.replies[transcript.replies.length - 1];
-  if (last) {
-    const turn = replyTurns.get(last);
-    if (turn && state.messages[state.messages.length - 1] === turn) state.messages.pop();
-    replyTurns.delete(last);
-    transcript.removeReply(last);
-  }
+  const at = state.messages.findIndex((turn) => turn.el === view.el);
+  if (at >= 0) truncateTurns(at);
+  else transcript.truncateFrom(view.el); // a reply that failed, never a turn
   if (state.messages.length === 0 || state.messages[state.messages.length - 1].role !== "user") return;
   showError("");
   startGeneration(params);
+}
+
+/** Drop turn `at` and every later one from the page and the transcript sent next. */
+function truncateTurns(at) {
+  const dropped = new Set(state.messages.slice(at));
+  for (const [view, turn] of replyTurns) if (dropped.has(turn)) replyTurns.delete(view);
+  transcript.truncateFrom(state.messages[at].el);
+  state.messages = state.messages.slice(0, at);
+}
+
+function addUserTurn(turn) {
+  turn.el = transcript.addUser(turn.content);
+  state.messages.push(turn);
+  decorate(turn);
+}
+
+/** A turn's branch arrows, Edit and Delete. */
+function decorate(turn) {
+  turnTools(turn.el, turn, {
+    onBranch: (id) => changeConversation(() => api.showBranch(state.conversationId, id)),
+    onEdit: () => editTurn(turn),
+    onDelete: (id) => {
+      if (window.confirm("Delete this message and everything after it on this branch?")) {
+        changeConversation(() => api.removeMessage(state.conversationId, id));
+      }
+    },
+  });
+}
+
+/** Edit a user turn in place; sending it starts a new branch from there. */
+function editTurn(turn) {
+  if (state.active || turn.el.querySelector(".edit-form")) return;
+  const body = turn.el.querySelector(".msg-body");
+  const form = document.createElement("form");
+  form.className = "edit-form";
+  const area = document.createElement("textarea");
+  area.value = turn.content;
+  area.rows = Math.min(8, turn.content.split("\n").length + 1);
+  area.setAttribute("aria-label", "Edit the message");
+  const sendButton = Object.assign(document.createElement("button"), { type: "submit", className: "btn btn-primary btn-small edit-send", textContent: "Send" });
+  const cancel = Object.assign(document.createElement("button"), { type: "button", className: "btn btn-small edit-cancel", textContent: "Cancel" });
+  form.append(area, sendButton, cancel);
+  body.hidden = true;
+  turn.el.append(form);
+  area.focus();
+  const close = () => {
+    form.remove();
+    body.hidden = false;
+  };
+  cancel.addEventListener("click", close);
+  area.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") close();
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = area.value.trim();
+    const params = text && !state.active ? currentParams() : null;
+    if (!params) return;
+    truncateTurns(state.messages.indexOf(turn));
+    addUserTurn({ role: "user", content: text });
+    updateMeter();
+    startGeneration(params);
+  });
+}
+
+/** Run a request that answers with the conversation (branch switch, delete) and show its answer. */
+async function changeConversation(request) {
+  if (state.active) return;
+  try {
+    showConversation(await request());
+  } catch (err) {
+    showError(`Could not change the conversation (${err.message}).`);
+  }
+}
+
+/** Give the turns on the page the ids and branches the server has for them (after a reply was saved). */
+async function syncTree() {
+  const id = state.conversationId;
+  try {
+    const conv = await api.get(id);
+    const turns = (conv.messages ?? []).filter((m) => m.role !== "system");
+    if (id !== state.conversationId || state.active || turns.length !== state.messages.length) return;
+    turns.forEach((m, i) => {
+      Object.assign(state.messages[i], { id: m.id, siblings: m.siblings });
+      decorate(state.messages[i]);
+    });
+  } catch (err) {
+    console.warn(err);
+  }
 }
 
 function stop() {
@@ -317,6 +408,7 @@ function handleDone(msg) {
   updateMeter();
   scrollToEnd();
   refreshHistory();
+  syncTree();
 }
 
 /**
@@ -386,7 +478,7 @@ function showConversation(conv) {
   for (const m of conv.messages ?? []) {
     if (m.role === "system") continue;
     if (m.role === "user") {
-      state.messages.push({ role: "user", content: m.content, el: transcript.addUser(m.content) });
+      addUserTurn({ role: "user", content: m.content, id: m.id, siblings: m.siblings });
       continue;
     }
     const texts = m.samples?.length ? m.samples : [m.content];
@@ -398,6 +490,7 @@ function showConversation(conv) {
     const turn = { ...m, role: "assistant", el: view.el };
     state.messages.push(turn);
     replyTurns.set(view, turn);
+    decorate(turn);
   }
   transcript.setRegenerable(true);
   updateEmptyState();

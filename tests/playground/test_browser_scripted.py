@@ -9,6 +9,7 @@ token frame, a cancel before `started`, a refused generate.
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 from functools import partial
@@ -140,6 +141,10 @@ def harness_url():
     pages = {
         "/memory/": render_to_string("memory/index.html"),
         "/": render_to_string("chat/index.html", {"chat_config": CHAT_CONFIG}),
+        # What the page reads after a reply is saved: ids, and the user message's two branches.
+        "/api/conversations/c1/": json.dumps({"id": "c1", "title": "Hi", "system_prompt": "", "messages": [
+            {"id": 7, "role": "user", "content": "Hi", "siblings": [3, 7]},
+            {"id": 8, "role": "assistant", "content": "Hello, world", "siblings": [8]}]}),
     }
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, pages=pages))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -453,3 +458,31 @@ def test_chat_reply_with_hostile_markdown_and_html_is_rendered_inert(open_page):
     assert body.locator('a[href="https://example.com/track.png"]').inner_text() == "pixel"
     assert body.locator("a").first.get_attribute("rel") == "noopener noreferrer"
     assert '<iframe src="javascript:window.__pwned=7"></iframe>' in body.locator("pre code").inner_text()
+
+
+def test_chat_any_message_can_be_edited_or_regenerated_and_branches_show(open_page):
+    page = open_page("/")
+    send_prompt(page, "Hi")
+    finish_reply(page, "Hello, world")
+    # After the reply is saved the page learns the ids and branches: the user message is the second of two.
+    user = page.locator(".msg-user").first
+    user.locator(".branch-count").wait_for()
+    assert user.locator(".branch-count").inner_text() == "2/2"
+    assert user.locator(".branch-prev").is_enabled() and user.locator(".branch-next").is_disabled()
+    send_prompt(page, "And?")
+    finish_reply(page, "More.", "r2")
+
+    # Regenerate the first reply: it and everything after it leave the page; the transcript ends at "Hi".
+    page.locator(".msg-assistant .regenerate").first.click()
+    generate = page.evaluate("window.__sent").pop()
+    assert generate["messages"] == [{"role": "user", "content": "Hi"}]
+    assert page.locator(".msg").count() == 2  # "Hi" and the new reply streaming
+    finish_reply(page, "Hello again", "r3")
+
+    # Edit the first message in place: Enter sends the edited transcript, a new branch.
+    user.locator(".edit").click()
+    page.fill(".edit-form textarea", "Hi there")
+    page.press(".edit-form textarea", "Enter")
+    generate = page.evaluate("window.__sent").pop()
+    assert generate["messages"] == [{"role": "user", "content": "Hi there"}]
+    assert page.locator(".msg-user .msg-body").all_inner_texts() == ["Hi there"]
