@@ -73,6 +73,14 @@ export function renderMarkdown(text) {
     link.target = "_blank";
     link.rel = "noopener noreferrer";
   }
+  // The site's Content-Security-Policy refuses style attributes in markup; KaTeX lays formulas out with them
+  // (and markdown-it aligns table columns), so they are applied again through CSSOM, which the policy allows.
+  // Only markdown-it and KaTeX write them: the reply's own HTML never gets this far (`html: false`).
+  for (const node of fragment.querySelectorAll("[style]")) {
+    const css = node.getAttribute("style");
+    node.removeAttribute("style");
+    node.style.cssText = css;
+  }
   decorateCode(fragment);
   return fragment;
 }

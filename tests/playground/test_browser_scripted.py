@@ -116,6 +116,7 @@ class HarnessHandler(SimpleHTTPRequestHandler):
             body = self.pages[self.path].encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Security-Policy", settings.PLAYGROUND_CSP)  # as the site sends it
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -408,7 +409,8 @@ def test_chat_reply_renders_a_table_highlighted_code_with_copy_and_math(open_pag
     # markdown-it: a real table, with the header row and alignment
     assert body.locator("table th").all_inner_texts() == ["token", "logprob"]
     assert body.locator("table tbody tr").count() == 2
-    assert body.locator("table td").nth(1).get_attribute("style") == "text-align:right"
+    cell_align = "(e) => getComputedStyle(e).textAlign"
+    assert body.locator("table td").nth(1).evaluate(cell_align) == "right"  # applied under the site's CSP
     # highlight.js: the fence's language named, keywords and numbers marked; the copy button copies the source
     block = body.locator(".code-block")
     assert block.locator(".code-lang").inner_text() == "python"
@@ -420,6 +422,8 @@ def test_chat_reply_renders_a_table_highlighted_code_with_copy_and_math(open_pag
     # KaTeX: one inline and one display formula, drawn in HTML and given to screen readers as MathML
     assert body.locator(".katex").count() == 2 and body.locator(".katex-display").count() == 1
     assert body.locator(".katex-display .mfrac").count() == 1 and body.locator(".katex-display .sqrt").count() == 1
+    # KaTeX's layout (inline styles) survives the CSP: the space around "=" is there
+    assert body.locator(".katex-display .mspace").first.evaluate("(e) => parseFloat(getComputedStyle(e).marginRight)") > 0
     assert body.locator("math").count() == 2 and body.locator("math msqrt").count() == 1
     assert body.locator("math msup mi").first.text_content() == "e"
 
