@@ -73,3 +73,37 @@ def test_a_ten_turn_chat_outgrows_the_window_and_every_turn_is_answered(server, 
     # After the reply the meter counts the whole conversation exactly: more than the window holds.
     assert page.get_attribute("#context-meter", "data-state") == "over"
     assert meter_used(page) > WINDOW
+
+
+def test_editing_the_second_message_reuses_the_shared_prefix_and_keeps_the_old_branch(server, page):
+    page.goto(f"{server.base_url}/")
+    page.wait_for_selector('#conn[data-status="open"]')
+    page.fill('#params [name="temperature"]', "0")
+    page.fill('#params [name="max_tokens"]', "16")
+    for turn, text in enumerate(["Name three colours of the rainbow.", "Which one is the warmest?"]):
+        page.fill("#prompt", text)
+        page.press("#prompt", "Enter")
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === {turn + 1}",
+            timeout=120_000)  # fmt: skip
+    second = page.locator(".msg-user").nth(1)
+    second.locator(".edit").wait_for()  # the page has the saved ids by now
+    second.locator(".edit").click()
+    page.fill(".edit-form textarea", "Which one is the coldest?")
+    page.press(".edit-form textarea", "Enter")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === 2"
+        " && document.querySelectorAll('.msg-user')[1].innerText.includes('coldest')",
+        timeout=120_000)  # fmt: skip
+    reply = page.locator(".msg-assistant").last
+    reply.locator(".receipt summary").click()
+    cached = reply.locator('[data-stat="receipt_cached"] .stat-value').inner_text()
+    tokens, blocks = map(int, re.search(r"(\d+) tokens \((\d+) blocks\)", cached).groups())
+    # The system prompt, the first question and its answer are unchanged: their full blocks came from the cache.
+    assert blocks >= 2 and tokens == 16 * blocks
+    prompt = int(reply.locator('[data-stat="prompt_tokens"] .stat-value').inner_text())
+    assert tokens < prompt  # the edited message itself was computed
+    assert reply.locator(".prov-cached").count() > 0
+    # The old question is kept as a branch: the edited message is the second of two.
+    page.locator(".msg-user").nth(1).locator(".branch-count").wait_for()
+    assert page.locator(".msg-user").nth(1).locator(".branch-count").inner_text() == "2/2"
