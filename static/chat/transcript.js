@@ -54,7 +54,8 @@ function contextView(context) {
   );
   const note = context.dropped_messages > 0
     ? "The oldest turns did not fit and were left out, whole. That changes the prompt right after the system " +
-      "prompt, so the kept turns' blocks have new hashes: they were computed again, not served from the prefix cache."
+      "prompt, so the kept turns' blocks have new hashes: they are computed again, not served from the prefix " +
+      "cache, unless this very prompt was computed before (a regeneration)."
     : "The whole conversation fitted.";
   box.append(el("p", "receipt-legend", `Policy: ${context.policy}. ${note}`));
   return box;
