@@ -9,6 +9,8 @@ urlpatterns = [
     path("c/<uuid:conversation_id>/", chat_views.index, name="chat-conversation"),
     path("api/conversations/", chat_views.conversation_list, name="api-conversations"),
     path("api/conversations/<uuid:conversation_id>/", chat_views.conversation, name="api-conversation"),
+    path("api/conversations/<uuid:conversation_id>/messages/<int:message_id>/", chat_views.message,
+         name="api-conversation-message"),
     path("healthz", serving_views.healthz, name="healthz"),
     path("", include("playground.dashboard.urls")),  # /memory/ and /metrics
     path("v1/", include("playground.api.urls")),

@@ -72,13 +72,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 user, session_key, request.conversation_id, request.messages
             )
             job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                      preferred_worker=conversation.last_worker, adapter=adapter)  # fmt: skip
+                      preferred_worker=conversation.last_worker, adapter=adapter, fit_window=True)  # fmt: skip
             await self.send_json({"type": "started", "request_id": generation.request_id,
                                   "conversation_id": str(conversation.id)})  # fmt: skip
         except BaseException:
             await generation.close()
             raise
-        task = asyncio.create_task(self.relay(generation, job, conversation.id))
+        # The reply answers the last message sent (the leaf now), wherever the branch shown is by then.
+        task = asyncio.create_task(self.relay(generation, job, conversation.id, conversation.leaf_id))
         self.running[generation.request_id] = (generation, task)
 
     async def cancel(self, request: Cancel) -> None:
@@ -87,7 +88,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.running[request.request_id][0].cancel()
 
     # --- one generation ---------------------------------------------------------------------------
-    async def relay(self, generation: Generation, job: Job, conversation_id) -> None:
+    async def relay(self, generation: Generation, job: Job, conversation_id, parent_id: int) -> None:
         """Stream one generation to the browser: token frames, then `done` (reply saved) or `error`."""
         request_id = generation.request_id
         try:
@@ -97,7 +98,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     for chunk in update.chunks:
                         await self.send_json({"type": "token", "request_id": request_id, **chunk})
                     if update.done is not None:
-                        await self.finish(request_id, conversation_id, update.done)
+                        await self.finish(request_id, conversation_id, parent_id, update.done)
         except GenerationFailed as exc:
             await self.send_json({"type": "error", "request_id": request_id, "message": str(exc)})
         except Exception:
@@ -106,16 +107,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         finally:
             self.running.pop(request_id, None)
 
-    async def finish(self, request_id: str, conversation_id, event: dict[str, Any]) -> None:
+    async def finish(self, request_id: str, conversation_id, parent_id: int, event: dict[str, Any]) -> None:
         done = {key: event[key] for key in ("outputs", "usage", "timing")}
+        saved = None
         try:
-            await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"])
+            saved = await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"],
+                                                                   parent_id)  # fmt: skip
         except Exception:
             logger.exception("could not save the reply of %s", request_id)
-        # The cache receipt and the prompt's provenance segments are shown live, not stored.
-        live = {key: event[key] for key in ("receipt", "prompt_segments") if key in event}
+        # The cache receipt, the prompt's provenance segments and what the window left out are shown live, not
+        # stored.
+        live = {key: event[key] for key in ("receipt", "prompt_segments", "context") if key in event}
         await self.send_json({"type": "done", "request_id": request_id, "conversation_id": str(conversation_id),
-                              "worker": event["worker"], **done, **live})  # fmt: skip
+                              "message_id": saved.id if saved else None, "worker": event["worker"], **done,
+                              **live})  # fmt: skip
 
     async def session_key(self) -> str:
         """The anonymous owner key; a socket without a session yet gets a fresh one."""

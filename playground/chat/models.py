@@ -1,4 +1,9 @@
-"""Conversations and their messages, owned by a user or, for anonymous use, by a session."""
+"""Conversations and their messages, owned by a user or, for anonymous use, by a session.
+
+A conversation's messages form a tree: editing a message or regenerating a reply adds a sibling beside the
+old one (a branch) instead of replacing it, as chat apps keep them. `Conversation.leaf` is the last message of
+the branch on screen; the transcript is the path from the root to it (store.active_path).
+"""
 import uuid
 
 from django.conf import settings
@@ -26,6 +31,10 @@ class Conversation(models.Model):
     last_worker = models.CharField(
         max_length=255, blank=True, help_text="worker that served the last turn; its prefix cache holds the history"
     )
+    leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="last message of the branch shown; the transcript is the path from the root to it",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -50,7 +59,11 @@ class Message(models.Model):
         ASSISTANT = "assistant"
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
-    position = models.PositiveIntegerField()
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
+        help_text="the message this one answers or follows; None for the first; siblings are branches",
+    )
+    position = models.PositiveIntegerField(help_text="depth in the tree: index in its transcript")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     samples = models.JSONField(null=True, blank=True, help_text="all n texts when the reply had n > 1")
@@ -62,8 +75,7 @@ class Message(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["conversation", "position"]
-        constraints = [models.UniqueConstraint(fields=["conversation", "position"], name="message_position_unique")]
+        ordering = ["conversation", "position", "id"]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:60]}"

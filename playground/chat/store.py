@@ -18,10 +18,12 @@ class ConversationNotFound(LookupError):
 def open_conversation(
     user, session_key: str, conversation_id: UUID | None, messages: list[dict[str, str]]
 ) -> Conversation:
-    """Return the caller's conversation (a new one when no id is given) holding exactly `messages`.
+    """Return the caller's conversation (a new one when no id is given) whose shown branch is exactly `messages`.
 
-    Stored messages that match the start of `messages` are kept with their stats; the rest are replaced,
-    which is what editing a turn or regenerating a reply means.
+    The messages are matched against the tree from its root: a stored message with the same role and content
+    under the same parent is reused (with its stats), preferring the one on the branch shown; the first that
+    differs starts a new branch beside the old one, which stays. So an edited message or a regenerated reply
+    keeps what it replaces. The conversation's `leaf` becomes the last of `messages`.
     """
     owner = {"user": user} if user is not None and user.is_authenticated else {"session_key": session_key}
     with transaction.atomic():
@@ -33,17 +35,20 @@ def open_conversation(
             )
             if conversation is None:
                 raise ConversationNotFound(f"conversation {conversation_id} not found")
-        stored = list(conversation.messages.order_by("position"))
-        keep = 0
-        while keep < min(len(stored), len(messages)) and (
-            stored[keep].role == messages[keep]["role"] and stored[keep].content == messages[keep]["content"]
-        ):
-            keep += 1
-        conversation.messages.filter(position__gte=keep).delete()
-        Message.objects.bulk_create(
-            Message(conversation=conversation, position=i, role=m["role"], content=m["content"])
-            for i, m in enumerate(messages[keep:], start=keep)
-        )
+        children: dict[int | None, list[Message]] = {}
+        for stored in conversation.messages.order_by("id"):
+            children.setdefault(stored.parent_id, []).append(stored)
+        shown = {m.id for m in active_path(conversation)}
+        parent = None
+        for i, message in enumerate(messages):
+            same = [c for c in children.get(parent.id if parent else None, [])
+                    if c.role == message["role"] and c.content == message["content"]]  # fmt: skip
+            if same:
+                parent = next((c for c in same if c.id in shown), same[-1])
+            else:
+                parent = Message.objects.create(conversation=conversation, parent=parent, position=i,
+                                                role=message["role"], content=message["content"])  # fmt: skip
+        conversation.leaf = parent
         if not conversation.title:
             first_user = next((m["content"] for m in messages if m["role"] == "user"), "")
             conversation.title = " ".join(first_user.split())[:TITLE_CHARS]
@@ -51,15 +56,17 @@ def open_conversation(
     return conversation
 
 
-def save_reply(conversation_id: UUID, request_id: str, done: dict, worker: str) -> Message:
-    """Append the assistant reply of a finished request and remember which worker holds its prefix."""
+def save_reply(conversation_id: UUID, request_id: str, done: dict, worker: str, parent_id: int | None = None) -> Message:
+    """Add the assistant reply of a finished request under `parent_id` (the message it answers; default: the
+    conversation's leaf), show its branch, and remember which worker holds its prefix."""
     outputs = sorted(done["outputs"], key=lambda o: o["index"])
     with transaction.atomic():
         conversation = Conversation.objects.select_for_update().get(id=conversation_id)
-        position = conversation.messages.count()
+        parent = conversation.messages.filter(id=parent_id or conversation.leaf_id).first()
         message = Message.objects.create(
             conversation=conversation,
-            position=position,
+            parent=parent,
+            position=parent.position + 1 if parent else 0,
             role=Message.Role.ASSISTANT,
             content=outputs[0]["text"] if outputs else "",
             samples=[o["text"] for o in outputs] if len(outputs) > 1 else None,
@@ -69,14 +76,61 @@ def save_reply(conversation_id: UUID, request_id: str, done: dict, worker: str) 
             request_id=request_id,
             worker=worker,
         )
+        conversation.leaf = message
         conversation.last_worker = worker
-        conversation.save(update_fields=["last_worker", "updated_at"])
+        conversation.save(update_fields=["leaf", "last_worker", "updated_at"])
     return message
 
 
+def active_path(conversation: Conversation) -> list[Message]:
+    """The shown branch: the messages from the root to the conversation's leaf."""
+    by_id = {m.id: m for m in conversation.messages.all()}
+    path = []
+    node = by_id.get(conversation.leaf_id)
+    while node is not None:
+        path.append(node)
+        node = by_id.get(node.parent_id)
+    return path[::-1]
+
+
+def show_branch(conversation: Conversation, message_id: int) -> None:
+    """Show the branch through `message_id`: down from it, the latest reply or follow-up at every step."""
+    message = conversation.messages.filter(id=message_id).first()
+    if message is None:
+        raise ConversationNotFound(f"message {message_id} not found")
+    while (child := message.children.order_by("-id").first()) is not None:
+        message = child
+    conversation.leaf = message
+    conversation.save(update_fields=["leaf", "updated_at"])
+
+
+def delete_message(conversation: Conversation, message_id: int) -> None:
+    """Delete a message and everything after it on its branches. The branch shown moves to its latest sibling,
+    or, without one, ends at its parent."""
+    with transaction.atomic():
+        message = conversation.messages.filter(id=message_id).first()
+        if message is None:
+            raise ConversationNotFound(f"message {message_id} not found")
+        siblings = conversation.messages.filter(parent_id=message.parent_id).exclude(id=message.id).order_by("-id")
+        shown = {m.id for m in active_path(conversation)}
+        message.delete()
+        if message_id in shown:
+            sibling = siblings.first()
+            if sibling is not None:
+                show_branch(conversation, sibling.id)
+            else:
+                conversation.leaf_id = message.parent_id
+                conversation.save(update_fields=["leaf", "updated_at"])
+
+
 def conversation_detail(conversation: Conversation) -> dict:
-    """The JSON shape of one conversation (docs/protocol.md)."""
-    messages = [m.as_dict() for m in conversation.messages.order_by("position")]
+    """The JSON shape of one conversation (docs/protocol.md): the shown branch, each message with its id and
+    its siblings (the branches at that point, oldest first) so the page can step between them."""
+    path = active_path(conversation)
+    siblings: dict[int | None, list[int]] = {}
+    for message_id, parent_id in conversation.messages.order_by("id").values_list("id", "parent_id"):
+        siblings.setdefault(parent_id, []).append(message_id)
+    messages = [{"id": m.id, **m.as_dict(), "siblings": siblings[m.parent_id]} for m in path]
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     return {
         **conversation_summary(conversation),

@@ -14,7 +14,8 @@ from playground.serving.web.edge import CLOSE_CODES
 from playground.serving.web.models import served_models
 
 from .models import Conversation
-from .store import conversation_detail, conversation_summary
+from .store import ConversationNotFound, conversation_detail, conversation_summary, delete_message, show_branch
+from .window import meter_config
 
 WS_PATH = "/ws/chat/"
 MAX_LISTED = 100
@@ -57,6 +58,7 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
         "sampling": sampling.page_specs(settings.PLAYGROUND_LIMITS),  # the page's controls, from the one table
         "models": served_models(),  # the base model, then the LoRA adapters (the page's model picker)
         "limits": settings.PLAYGROUND_LIMITS,
+        "context": meter_config(),  # the composer's context meter
         "close_codes": CLOSE_CODES,
         "user": {
             "username": user.get_username() if user.is_authenticated else "",
@@ -94,4 +96,17 @@ def conversation(request: HttpRequest, conversation_id) -> HttpResponse:
     if request.method == "DELETE":
         found.delete()
         return HttpResponse(status=204)
+    return JsonResponse(conversation_detail(found))
+
+
+@require_http_methods(["POST", "DELETE"])
+@chat_access
+def message(request: HttpRequest, conversation_id, message_id: int) -> HttpResponse:
+    """POST: show the branch through this message (the page's ‹ 2/3 › arrows); DELETE: delete the message and
+    what follows it on its branches. Both answer with the conversation as it is now."""
+    found = _get_owned(request, conversation_id)
+    try:
+        (show_branch if request.method == "POST" else delete_message)(found, message_id)
+    except ConversationNotFound as exc:
+        raise Http404(str(exc)) from exc
     return JsonResponse(conversation_detail(found))

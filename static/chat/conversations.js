@@ -28,6 +28,20 @@ export class ConversationApi {
     return requestJson(`${this.baseUrl}${encodeURIComponent(id)}/`);
   }
 
+  /** Show the branch through message `messageId`; the conversation as it is then. */
+  async showBranch(id, messageId) {
+    return requestJson(this.messageUrl(id, messageId), { method: "POST", headers: { "X-CSRFToken": csrfToken() } });
+  }
+
+  /** Delete a message and what follows it; the conversation as it is then. */
+  async removeMessage(id, messageId) {
+    return requestJson(this.messageUrl(id, messageId), { method: "DELETE", headers: { "X-CSRFToken": csrfToken() } });
+  }
+
+  messageUrl(id, messageId) {
+    return `${this.baseUrl}${encodeURIComponent(id)}/messages/${encodeURIComponent(messageId)}/`;
+  }
+
   async remove(id) {
     await requestJson(`${this.baseUrl}${encodeURIComponent(id)}/`, {
       method: "DELETE",

@@ -8,11 +8,12 @@
 
 import { JsonSocket } from "../common/socket.js";
 import { ReplyStream } from "./stream.js";
-import { Transcript } from "./transcript.js";
+import { Transcript, turnTools } from "./transcript.js";
 import { ParamsForm } from "./params.js";
 import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
 import { ResponseFormatControl } from "./format.js";
+import { ContextMeter } from "./meter.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -41,7 +42,9 @@ const CANCEL_GRACE_MS = 5000;
 
 const state = {
   conversationId: null,
-  /** Turns after the system prompt: {role, content, samples?, finish_reason?, usage?, timing?}. */
+  /** Turns after the system prompt: {role, content, el, id?, siblings?, samples?, finish_reason?, usage?,
+   * timing?}; `el` is the turn's element in the transcript, `id` the saved message's and `siblings` the ids of
+   * the branches at that point (docs/protocol.md). */
   messages: [],
   /** The generation in flight: {stream, view, requestId, cancelTimer, cancelRequested} or null. */
   active: null,
@@ -49,6 +52,7 @@ const state = {
 
 const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 const formatControl = new ResponseFormatControl($("response-format"));
+const meter = new ContextMeter($("context-meter"), config.context);
 showModelPicker(config.models ?? []);
 
 /** The model picker, shown only when the server serves LoRA adapters beside the base model (listed first). */
@@ -72,7 +76,7 @@ const transcript = new Transcript(els.messages, {
     const turn = replyTurns.get(view);
     if (turn?.samples) turn.content = turn.samples[index];
   },
-  onRegenerate: () => regenerate(),
+  onRegenerate: (view) => regenerate(view),
 });
 
 const historyList = new ConversationList($("conv-list"), $("conv-empty"), {
@@ -132,6 +136,23 @@ function autoGrow() {
   els.prompt.style.height = `${Math.min(els.prompt.scrollHeight, 220)}px`;
 }
 
+/** The context meter for the conversation, the draft and the max_tokens the form holds now. */
+function updateMeter() {
+  meter.update(transcriptPayload(), els.prompt.value, paramsForm.read().params.max_tokens ?? 0);
+}
+
+/**
+ * Mark the turns the latest reply's prompt left out (the oldest `dropped` after the system prompt), so the
+ * transcript shows what the model did not see.
+ */
+function markOutOfWindow(dropped) {
+  state.messages.forEach((turn, i) => {
+    turn.el?.classList.toggle("out-of-window", i < dropped);
+    if (i < dropped) turn.el?.setAttribute("title", "Left out of the model's context window for the latest reply");
+    else turn.el?.removeAttribute("title");
+  });
+}
+
 // ---------------------------------------------------------------- generation
 
 function transcriptPayload() {
@@ -181,27 +202,117 @@ function send() {
   const params = currentParams();
   if (!params) return;
   showError("");
-  state.messages.push({ role: "user", content: text });
-  transcript.addUser(text);
+  addUserTurn({ role: "user", content: text });
   els.prompt.value = "";
   autoGrow();
+  updateMeter();
   startGeneration(params);
 }
 
-function regenerate() {
+/** Regenerate `view`'s reply: it and what follows leave the page (the server keeps them as a branch). */
+function regenerate(view) {
   if (state.active) return;
   const params = currentParams();
   if (!params) return;
-  const last = transcript.replies[transcript.replies.length - 1];
-  if (last) {
-    const turn = replyTurns.get(last);
-    if (turn && state.messages[state.messages.length - 1] === turn) state.messages.pop();
-    replyTurns.delete(last);
-    transcript.removeReply(last);
-  }
+  const at = state.messages.findIndex((turn) => turn.el === view.el);
+  if (at >= 0) truncateTurns(at);
+  else transcript.truncateFrom(view.el); // a reply that failed, never a turn
   if (state.messages.length === 0 || state.messages[state.messages.length - 1].role !== "user") return;
   showError("");
   startGeneration(params);
+}
+
+/** Drop turn `at` and every later one from the page and the transcript sent next. */
+function truncateTurns(at) {
+  const dropped = new Set(state.messages.slice(at));
+  for (const [view, turn] of replyTurns) if (dropped.has(turn)) replyTurns.delete(view);
+  transcript.truncateFrom(state.messages[at].el);
+  state.messages = state.messages.slice(0, at);
+}
+
+function addUserTurn(turn) {
+  turn.el = transcript.addUser(turn.content);
+  state.messages.push(turn);
+  decorate(turn);
+}
+
+/** A turn's branch arrows, Edit and Delete. */
+function decorate(turn) {
+  turnTools(turn.el, turn, {
+    onBranch: (id) => changeConversation(() => api.showBranch(state.conversationId, id)),
+    onEdit: () => editTurn(turn),
+    onDelete: (id) => {
+      if (window.confirm("Delete this message and everything after it on this branch?")) {
+        changeConversation(() => api.removeMessage(state.conversationId, id));
+      }
+    },
+  });
+}
+
+/** Edit a user turn in place; sending it starts a new branch from there. */
+function editTurn(turn) {
+  if (state.active || turn.el.querySelector(".edit-form")) return;
+  const body = turn.el.querySelector(".msg-body");
+  const form = document.createElement("form");
+  form.className = "edit-form";
+  const area = document.createElement("textarea");
+  area.value = turn.content;
+  area.rows = Math.min(8, turn.content.split("\n").length + 1);
+  area.setAttribute("aria-label", "Edit the message");
+  const sendButton = Object.assign(document.createElement("button"), { type: "submit", className: "btn btn-primary btn-small edit-send", textContent: "Send" });
+  const cancel = Object.assign(document.createElement("button"), { type: "button", className: "btn btn-small edit-cancel", textContent: "Cancel" });
+  form.append(area, sendButton, cancel);
+  body.hidden = true;
+  turn.el.append(form);
+  area.focus();
+  const close = () => {
+    form.remove();
+    body.hidden = false;
+  };
+  cancel.addEventListener("click", close);
+  area.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") close();
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = area.value.trim();
+    const params = text && !state.active ? currentParams() : null;
+    if (!params) return;
+    truncateTurns(state.messages.indexOf(turn));
+    addUserTurn({ role: "user", content: text });
+    updateMeter();
+    startGeneration(params);
+  });
+}
+
+/** Run a request that answers with the conversation (branch switch, delete) and show its answer. */
+async function changeConversation(request) {
+  if (state.active) return;
+  try {
+    showConversation(await request());
+  } catch (err) {
+    showError(`Could not change the conversation (${err.message}).`);
+  }
+}
+
+/** Give the turns on the page the ids and branches the server has for them (after a reply was saved). */
+async function syncTree() {
+  const id = state.conversationId;
+  try {
+    const conv = await api.get(id);
+    const turns = (conv.messages ?? []).filter((m) => m.role !== "system");
+    if (id !== state.conversationId || state.active || turns.length !== state.messages.length) return;
+    turns.forEach((m, i) => {
+      Object.assign(state.messages[i], { id: m.id, siblings: m.siblings });
+      decorate(state.messages[i]);
+    });
+  } catch (err) {
+    console.warn(err);
+  }
 }
 
 function stop() {
@@ -277,8 +388,9 @@ function handleDone(msg) {
   view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
     timing: stream.timing, gaps: stream.gaps, json: active.json,
     masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
-    receipt: stream.receipt, promptSegments: stream.promptSegments });
+    receipt: stream.receipt, promptSegments: stream.promptSegments, context: stream.context });
   const turn = {
+    el: view.el,
     role: "assistant",
     content: stream.texts[view.chosen],
     samples: stream.texts.length > 1 ? [...stream.texts] : null,
@@ -288,9 +400,15 @@ function handleDone(msg) {
   };
   state.messages.push(turn);
   replyTurns.set(view, turn);
+  if (stream.context) {
+    meter.measure(transcriptPayload(), stream.context, stream.usage?.completion_tokens ?? 0);
+    markOutOfWindow(stream.context.dropped_messages);
+  }
   endActive();
+  updateMeter();
   scrollToEnd();
   refreshHistory();
+  syncTree();
 }
 
 /**
@@ -346,6 +464,7 @@ function resetConversation() {
   historyList.setActive(null);
   showError("");
   updateEmptyState();
+  updateMeter();
 }
 
 /** Render a conversation in the API's JSON shape (GET /api/conversations/<id>/). */
@@ -359,8 +478,7 @@ function showConversation(conv) {
   for (const m of conv.messages ?? []) {
     if (m.role === "system") continue;
     if (m.role === "user") {
-      transcript.addUser(m.content);
-      state.messages.push({ role: "user", content: m.content });
+      addUserTurn({ role: "user", content: m.content, id: m.id, siblings: m.siblings });
       continue;
     }
     const texts = m.samples?.length ? m.samples : [m.content];
@@ -369,12 +487,14 @@ function showConversation(conv) {
     view.markChosen(chosen);
     view.finish({ texts, finishReasons: texts.map((_t, i) => (i === chosen ? m.finish_reason : null)),
       usage: m.usage, timing: m.timing });
-    const turn = { ...m, role: "assistant" };
+    const turn = { ...m, role: "assistant", el: view.el };
     state.messages.push(turn);
     replyTurns.set(view, turn);
+    decorate(turn);
   }
   transcript.setRegenerable(true);
   updateEmptyState();
+  updateMeter();
   $("transcript").scrollTop = $("transcript").scrollHeight;
 }
 
@@ -425,7 +545,11 @@ function wire() {
       send();
     }
   });
-  els.prompt.addEventListener("input", autoGrow);
+  els.prompt.addEventListener("input", () => {
+    autoGrow();
+    updateMeter();
+  });
+  els.params.addEventListener("input", updateMeter);
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && state.active) stop();
   });
@@ -438,7 +562,10 @@ function wire() {
   });
   $("reset-params").addEventListener("click", () => paramsForm.reset());
   els.markdown.addEventListener("change", () => transcript.setMarkdown(els.markdown.checked));
-  els.system.addEventListener("input", updateSystemSummary);
+  els.system.addEventListener("input", () => {
+    updateSystemSummary();
+    updateMeter();
+  });
   document.querySelector(".toggle-history").addEventListener("click", () => togglePanel("history"));
   document.querySelector(".toggle-settings").addEventListener("click", () => togglePanel("settings"));
   $("scrim").addEventListener("click", () => els.app.classList.remove("show-history", "show-settings"));
@@ -454,6 +581,7 @@ function init() {
   updateSystemSummary();
   if (config.conversation) showConversation(config.conversation);
   updateEmptyState();
+  updateMeter();
   setBusy(false);
   socket.connect();
   kvFeed.connect();

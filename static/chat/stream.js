@@ -21,6 +21,7 @@ export class ReplyStream {
     this.timing = null;
     this.receipt = null;
     this.promptSegments = null;
+    this.context = null; // what the worker fitted into the context window (docs/protocol.md)
   }
 
   /** `started`: the server accepted the request under this id. */
@@ -45,7 +46,8 @@ export class ReplyStream {
   }
 
   /** `done`: the final texts replace the streamed ones; usage and timing become the reply's stats. */
-  finish({ outputs = [], usage = null, timing = null, receipt = null, prompt_segments: promptSegments = null }) {
+  finish({ outputs = [], usage = null, timing = null, receipt = null, prompt_segments: promptSegments = null,
+           context = null }) {
     for (const out of outputs) {
       const index = out.index ?? 0;
       if (index < 0 || index >= this.texts.length) continue;
@@ -56,6 +58,7 @@ export class ReplyStream {
     this.timing = timing;
     this.receipt = receipt;
     this.promptSegments = promptSegments;
+    this.context = context;
     this.done = true;
   }
 

@@ -42,11 +42,30 @@ function formatRate(rate) {
   return rate === null || rate === undefined ? "–" : `${rate.toFixed(1)} tok/s`;
 }
 
+/** What the worker fitted into the context window for this reply (docs/protocol.md, `done.context`). */
+function contextView(context) {
+  const box = el("div", "receipt-context");
+  box.dataset.dropped = String(context.dropped_messages);
+  box.append(
+    stat("context_window", "window", `${context.prompt_tokens} prompt + ${context.reply_room} reply room of ` +
+      `${context.window} tokens`),
+    stat("context_dropped_tokens", "dropped",
+      `${context.dropped_messages} messages (${context.dropped_turns} turns, ${context.dropped_tokens} tokens)`),
+  );
+  const note = context.dropped_messages > 0
+    ? "The oldest turns did not fit and were left out, whole. That changes the prompt right after the system " +
+      "prompt, so the kept turns' blocks have new hashes: they are computed again, not served from the prefix " +
+      "cache, unless this very prompt was computed before (a regeneration)."
+    : "The whole conversation fitted.";
+  box.append(el("p", "receipt-legend", `Policy: ${context.policy}. ${note}`));
+  return box;
+}
+
 /** An assistant reply: n samples, a stats line and actions. */
 export class ReplyView {
   /**
    * @param {{n: number, markdown: boolean, onChoose: (view: ReplyView, index: number) => void,
-   *          onRegenerate: () => void}} options
+   *          onRegenerate: (view: ReplyView) => void}} options
    */
   constructor({ n, markdown, onChoose, onRegenerate }) {
     this.markdown = markdown;
@@ -89,7 +108,8 @@ export class ReplyView {
     this.notice = el("p", "reply-notice");
     this.notice.hidden = true;
     this.actions = el("div", "reply-actions");
-    this.regenerate = button("↻ Regenerate", "regenerate", onRegenerate, "Sample this reply again");
+    this.regenerate = button("↻ Regenerate", "regenerate", () => onRegenerate(this),
+      "Sample this reply again (the old one stays as a branch)");
     this.actions.append(this.regenerate);
     if (n === 1) this.actions.append(this.copyButton(0));
     this.el.append(this.samplesEl, this.notice, this.meta, this.actions);
@@ -135,7 +155,7 @@ export class ReplyView {
 
   /** Show the final texts, finish reasons and stats of a finished stream (or a saved reply). */
   finish({ texts, finishReasons, usage, timing, gaps = 0, json = false, masks = [], receipt = null,
-           promptSegments = null }) {
+           promptSegments = null, context = null }) {
     this.json = json;
     texts.forEach((t, i) => this.setText(i, t));
     masks.forEach((mask, i) => { if (mask && this.sampleEls[i]) this.sampleEls[i].append(maskView(mask)); });
@@ -163,13 +183,16 @@ export class ReplyView {
     if (finishReasons.length === 1 && finishReasons[0]) {
       items.push(stat("finish_reason", "finish", finishReasons[0]));
     }
-    if (receipt) items.push(this.receiptToggle(receipt, promptSegments));
+    if (context?.dropped_messages > 0) {
+      items.push(stat("context_dropped", "left out", `${context.dropped_messages} oldest messages (window)`));
+    }
+    if (receipt) items.push(this.receiptToggle(receipt, promptSegments, context));
     this.meta.replaceChildren(...items);
     if (gaps > 0) this.showNotice(`${gaps} streamed update(s) were lost in transit; the final text above is complete.`);
   }
 
   /** "Cache receipt": where the prompt's K/V came from (coloured by block) and where the time went. */
-  receiptToggle(receipt, segments) {
+  receiptToggle(receipt, segments, context) {
     const details = el("details", "receipt");
     details.append(el("summary", "", "cache receipt"));
     const figures = el("div", "receipt-figures");
@@ -184,6 +207,7 @@ export class ReplyView {
       stat("receipt_tpot", "TPOT", formatMs(receipt.tpot_ms)),
     );
     details.append(figures);
+    if (context) details.append(contextView(context));
     if (segments && segments.length) {
       const prompt = el("pre", "provenance");
       let block = -1;
@@ -220,17 +244,46 @@ export class ReplyView {
     this.notice.hidden = false;
   }
 
-  /** Only the last reply can be regenerated, and only while nothing is streaming. */
+  /** Any reply can be regenerated, while nothing is streaming. */
   setRegenerable(enabled) {
     this.regenerate.hidden = !enabled;
   }
+}
+
+/**
+ * A turn's tools: ‹ k/n › between its branches (when it has siblings), Edit (user turns) and Delete (saved turns).
+ * @param {HTMLElement} turnEl
+ * @param {{siblings: number[], id: number|null, role: string}} turn
+ * @param {{onBranch: (id: number) => void, onEdit: () => void, onDelete: (id: number) => void}} handlers
+ */
+export function turnTools(turnEl, turn, { onBranch, onEdit, onDelete }) {
+  turnEl.querySelector(":scope > .turn-tools")?.remove();
+  const tools = el("div", "turn-tools");
+  const siblings = turn.siblings ?? [];
+  const at = siblings.indexOf(turn.id);
+  if (siblings.length > 1 && at >= 0) {
+    const nav = el("span", "branch-nav");
+    const prev = button("‹", "branch-prev", () => onBranch(siblings[at - 1]), "Previous branch");
+    const next = button("›", "branch-next", () => onBranch(siblings[at + 1]), "Next branch");
+    prev.disabled = at === 0;
+    next.disabled = at === siblings.length - 1;
+    prev.setAttribute("aria-label", "Previous branch");
+    next.setAttribute("aria-label", "Next branch");
+    nav.append(prev, el("span", "branch-count", `${at + 1}/${siblings.length}`), next);
+    tools.append(nav);
+  }
+  if (turn.role === "user") tools.append(button("Edit", "edit", onEdit, "Edit and send again (a new branch)"));
+  if (turn.id !== null && turn.id !== undefined) {
+    tools.append(button("Delete", "delete", () => onDelete(turn.id), "Delete this message and what follows it"));
+  }
+  turnEl.append(tools);
 }
 
 /** The list of turns of the open conversation. */
 export class Transcript {
   /**
    * @param {HTMLElement} container
-   * @param {{onChoose: (view: ReplyView, index: number) => void, onRegenerate: () => void}} handlers
+   * @param {{onChoose: (view: ReplyView, index: number) => void, onRegenerate: (view: ReplyView) => void}} handlers
    */
   constructor(container, handlers) {
     this.container = container;
@@ -244,7 +297,7 @@ export class Transcript {
     this.replies = [];
   }
 
-  /** Returns the element, so the caller can remove it again (regenerate drops the last reply). */
+  /** Returns the element, so the caller can remove it again (an edit drops it and what follows). */
   addUser(text) {
     const msg = el("article", "msg msg-user");
     const body = el("div", "msg-body plain", text);
@@ -260,18 +313,22 @@ export class Transcript {
     return view;
   }
 
-  removeReply(view) {
-    view.el.remove();
-    this.replies = this.replies.filter((r) => r !== view);
-  }
-
   setMarkdown(markdown) {
     this.markdown = markdown;
     this.replies.forEach((r) => r.setMarkdown(markdown));
   }
 
-  /** Show the regenerate action on the last reply only, and only when `enabled`. */
+  /** Show the regenerate action on every reply, only when `enabled`; the turn tools likewise. */
   setRegenerable(enabled) {
-    this.replies.forEach((r, i) => r.setRegenerable(enabled && i === this.replies.length - 1));
+    this.replies.forEach((r) => r.setRegenerable(enabled));
+    this.container.classList.toggle("busy", !enabled);
+  }
+
+  /** Drop `el` and every turn after it (an edit or a regeneration replaces them with a new branch). */
+  truncateFrom(el) {
+    const doomed = new Set();
+    for (let node = el; node; node = node.nextElementSibling) doomed.add(node);
+    this.replies = this.replies.filter((r) => !doomed.has(r.el));
+    doomed.forEach((node) => node.remove());
   }
 }

@@ -16,6 +16,9 @@ from inference.sampling_params import SamplingParams
 from inference.sequence import RequestMetrics
 
 
+MESSAGE_OVERHEAD = 4  # tokens the fake chat template adds around each message
+
+
 class FakeStream:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -34,13 +37,14 @@ class FakeStream:
 
 
 class FakeStreamingEngine:
-    def __init__(self, delay: float = 0.005, **engine_kwargs) -> None:
+    def __init__(self, delay: float = 0.005, max_model_len: int = 2048, **engine_kwargs) -> None:
         self.delay = delay
         self.slow_admission_s = 1.5
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
-        self.engine = SimpleNamespace(block_size=16)  # what the service reads of the real LLMEngine
+        # What the service reads of the real LLMEngine.
+        self.engine = SimpleNamespace(block_size=16, max_model_len=max_model_len)
         self.error: str | None = None
         self.last_step_at: float | None = None
 
@@ -54,6 +58,10 @@ class FakeStreamingEngine:
 
     def start(self) -> None:
         pass
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A chat template of its own: MESSAGE_OVERHEAD tokens per message, one token per character."""
+        return [0] * sum(MESSAGE_OVERHEAD + len(m["content"]) for m in messages)
 
     def shutdown(self) -> None:
         for stop in list(self.live.values()):

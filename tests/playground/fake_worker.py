@@ -33,10 +33,12 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lor
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []
 
-    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None):
-        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker, "adapter": adapter})
+    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None,
+               fit_window=False):
+        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker, "adapter": adapter,
+                          "fit_window": fit_window})
         tasks.append(threading.Thread(target=runtime.serve, daemon=True,
-                                      args=(request_id, messages, params, cache_salt, prompt, adapter)))
+                                      args=(request_id, messages, params, cache_salt, prompt, adapter, fit_window)))
         tasks[-1].start()
         return GPU_QUEUE
 

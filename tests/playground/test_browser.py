@@ -264,7 +264,8 @@ def test_markdown_renderer_builds_only_safe_nodes(server, page):
           };
         }"""
     )
-    assert set(result["tags"]) <= {"h1", "p", "br", "a", "ul", "li", "strong", "code", "pre"}
+    # The code block's frame (language, copy button) and highlight.js's spans, nothing else
+    assert set(result["tags"]) <= {"h1", "p", "br", "a", "ul", "li", "strong", "code", "pre", "div", "span", "button"}
     assert result["hrefs"] == ["https://example.com"]
     assert result["code"] == "<script>window.__pwned = 3</script>"
     assert "[click](javascript:alert(1))" in result["text"]

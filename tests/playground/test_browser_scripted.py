@@ -9,6 +9,7 @@ token frame, a cancel before `started`, a refused generate.
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 from functools import partial
@@ -19,6 +20,7 @@ import pytest
 from django.conf import settings
 from django.template.loader import render_to_string
 
+from playground.chat.window import meter_config
 from playground.serving.web import sampling
 
 pytest.importorskip("playwright.sync_api")
@@ -114,6 +116,7 @@ class HarnessHandler(SimpleHTTPRequestHandler):
             body = self.pages[self.path].encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Security-Policy", settings.PLAYGROUND_CSP)  # as the site sends it
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -130,7 +133,7 @@ LIMITS = {**settings.PLAYGROUND_LIMITS, "max_tokens": 512}
 CHAT_CONFIG = {
     "ws_path": "/ws/chat/", "sampling": sampling.page_specs(LIMITS), "limits": LIMITS,
     "user": {"username": "", "is_authenticated": False, "is_staff": False},
-    "urls": {"conversations": "/api/conversations/"}, "conversation": None,
+    "urls": {"conversations": "/api/conversations/"}, "conversation": None, "context": meter_config(),
 }  # fmt: skip
 
 
@@ -139,6 +142,10 @@ def harness_url():
     pages = {
         "/memory/": render_to_string("memory/index.html"),
         "/": render_to_string("chat/index.html", {"chat_config": CHAT_CONFIG}),
+        # What the page reads after a reply is saved: ids, and the user message's two branches.
+        "/api/conversations/c1/": json.dumps({"id": "c1", "title": "Hi", "system_prompt": "", "messages": [
+            {"id": 7, "role": "user", "content": "Hi", "siblings": [3, 7]},
+            {"id": 8, "role": "assistant", "content": "Hello, world", "siblings": [8]}]}),
     }
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(HarnessHandler, pages=pages))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -375,3 +382,111 @@ def test_chat_stop_before_started_cancels_and_a_refused_generate_fails_its_reply
     assert reply.get_attribute("data-state") == "error"
     assert reply.locator(".reply-notice").inner_text() == "params.temperature must be a number >= 0"
     assert page.locator("#send").is_visible() and page.locator(".msg-assistant .regenerate").last.is_visible()
+
+
+def finish_reply(page, text: str, request_id: str = "r1") -> None:
+    """Answer the page's pending generate with one finished reply of `text`."""
+    chat_frame(page, {"type": "started", "request_id": request_id, "conversation_id": "c1"})
+    chat_frame(page, {"type": "done", "request_id": request_id, "conversation_id": "c1", "worker": "w1",
+                      "outputs": [{"index": 0, "text": text, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 5, "completion_tokens": 40, "cached_tokens": 0},
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 20.0}})  # fmt: skip
+
+
+RICH_REPLY = "\n".join([
+    "| token | logprob |", "| --- | ---: |", "| the | -0.1 |", "| a | -2.3 |", "",
+    "```python", "def area(r):", "    return 3.14 * r ** 2", "```", "",
+    "Inline $e^{i\\pi} + 1 = 0$ and a display:", "", "$$\\frac{a}{b} = \\sqrt{x}$$",
+])  # fmt: skip
+
+
+def test_chat_reply_renders_a_table_highlighted_code_with_copy_and_math(open_page):
+    page = open_page("/")
+    page.evaluate("() => { window.__copied = []; navigator.clipboard.writeText = async (t) => { window.__copied.push(t); }; }")
+    send_prompt(page, "Show me everything")
+    finish_reply(page, RICH_REPLY)
+    body = page.locator(".msg-assistant .msg-body")
+    # markdown-it: a real table, with the header row and alignment
+    assert body.locator("table th").all_inner_texts() == ["token", "logprob"]
+    assert body.locator("table tbody tr").count() == 2
+    cell_align = "(e) => getComputedStyle(e).textAlign"
+    assert body.locator("table td").nth(1).evaluate(cell_align) == "right"  # applied under the site's CSP
+    # highlight.js: the fence's language named, keywords and numbers marked; the copy button copies the source
+    block = body.locator(".code-block")
+    assert block.locator(".code-lang").inner_text() == "python"
+    assert block.locator("code .hljs-keyword").first.inner_text() == "def"
+    assert block.locator("code .hljs-number").count() >= 2
+    block.locator(".code-copy").click()
+    page.wait_for_function("() => window.__copied.length === 1")
+    assert page.evaluate("window.__copied[0]") == "def area(r):\n    return 3.14 * r ** 2\n"
+    # KaTeX: one inline and one display formula, drawn in HTML and given to screen readers as MathML
+    assert body.locator(".katex").count() == 2 and body.locator(".katex-display").count() == 1
+    assert body.locator(".katex-display .mfrac").count() == 1 and body.locator(".katex-display .sqrt").count() == 1
+    # KaTeX's layout (inline styles) survives the CSP: the space around "=" is there
+    assert body.locator(".katex-display .mspace").first.evaluate("(e) => parseFloat(getComputedStyle(e).marginRight)") > 0
+    assert body.locator("math").count() == 2 and body.locator("math msqrt").count() == 1
+    assert body.locator("math msup mi").first.text_content() == "e"
+
+
+HOSTILE_MARKDOWN = "\n".join([
+    "<script>window.__pwned = 1</script>",
+    '<img src=x onerror="window.__pwned = 2">',
+    "[click](javascript:window.__pwned=3) [data](data:text/html,<script>alert(1)</script>) [ok](https://example.com)",
+    "![pixel](https://example.com/track.png)",
+    "| a |", "| - |", "| <svg onload=window.__pwned=4> |", "",
+    "$\\href{javascript:window.__pwned=5}{x}$ and $<img src=x onerror=window.__pwned=6>$",
+    "```html", '<iframe src="javascript:window.__pwned=7"></iframe>', "```",
+])  # fmt: skip
+
+
+def test_chat_reply_with_hostile_markdown_and_html_is_rendered_inert(open_page):
+    page = open_page("/")
+    send_prompt(page, "Be hostile")
+    finish_reply(page, HOSTILE_MARKDOWN)
+    body = page.locator(".msg-assistant .msg-body")
+    page.wait_for_timeout(200)  # let an onerror or onload fire, if one had been let through
+    assert page.evaluate("window.__pwned") is None
+    assert body.locator("script, img, iframe, svg[onload], object, embed").count() == 0
+    found = page.evaluate("""() => {
+      const body = document.querySelector('.msg-assistant .msg-body');
+      const handlers = [...body.querySelectorAll('*')].flatMap((e) => [...e.attributes].map((a) => a.name))
+        .filter((name) => name.startsWith('on'));
+      return { handlers, hrefs: [...body.querySelectorAll('[href]')].map((e) => e.getAttribute('href')) };
+    }""")
+    assert found == {"handlers": [], "hrefs": ["https://example.com", "https://example.com/track.png"]}
+    text = body.inner_text()
+    # The hostile HTML is shown as text; a link to a refused scheme stays literal; an image becomes a plain link
+    # (nothing is fetched), and links open apart from the page.
+    assert "<script>window.__pwned = 1</script>" in text and '<img src=x onerror="window.__pwned = 2">' in text
+    assert "[click](javascript:window.__pwned=3)" in text and "[data](data:text/html," in text
+    assert body.locator('a[href="https://example.com/track.png"]').inner_text() == "pixel"
+    assert body.locator("a").first.get_attribute("rel") == "noopener noreferrer"
+    assert '<iframe src="javascript:window.__pwned=7"></iframe>' in body.locator("pre code").inner_text()
+
+
+def test_chat_any_message_can_be_edited_or_regenerated_and_branches_show(open_page):
+    page = open_page("/")
+    send_prompt(page, "Hi")
+    finish_reply(page, "Hello, world")
+    # After the reply is saved the page learns the ids and branches: the user message is the second of two.
+    user = page.locator(".msg-user").first
+    user.locator(".branch-count").wait_for()
+    assert user.locator(".branch-count").inner_text() == "2/2"
+    assert user.locator(".branch-prev").is_enabled() and user.locator(".branch-next").is_disabled()
+    send_prompt(page, "And?")
+    finish_reply(page, "More.", "r2")
+
+    # Regenerate the first reply: it and everything after it leave the page; the transcript ends at "Hi".
+    page.locator(".msg-assistant .regenerate").first.click()
+    generate = page.evaluate("window.__sent").pop()
+    assert generate["messages"] == [{"role": "user", "content": "Hi"}]
+    assert page.locator(".msg").count() == 2  # "Hi" and the new reply streaming
+    finish_reply(page, "Hello again", "r3")
+
+    # Edit the first message in place: Enter sends the edited transcript, a new branch.
+    user.locator(".edit").click()
+    page.fill(".edit-form textarea", "Hi there")
+    page.press(".edit-form textarea", "Enter")
+    generate = page.evaluate("window.__sent").pop()
+    assert generate["messages"] == [{"role": "user", "content": "Hi there"}]
+    assert page.locator(".msg-user .msg-body").all_inner_texts() == ["Hi there"]

@@ -71,6 +71,35 @@ def test_follow_up_turn_is_routed_to_the_last_worker_and_keeps_the_transcript(mo
     assert list(roles) == ["user", "assistant", "user", "assistant"]
 
 
+def test_a_conversation_longer_than_the_window_drops_its_oldest_turns_and_says_so(monkeypatch):
+    """The chat socket asks the worker to fit the window: the engine gets the system prompt and the latest
+    turns, the `done` frame's `context` says what was left out, and the stored conversation keeps it all."""
+    system = {"role": "system", "content": "be brief"}
+    turns = [{"role": role, "content": f"{role} {i} " + "x" * 30} for i in range(4) for role in ("user", "assistant")]
+    messages = [system, *turns, {"role": "user", "content": "and now?"}]
+
+    async def scenario():
+        async with worker(monkeypatch) as (engine, submitted):
+            engine.engine.max_model_len = 230  # the fake template: 4 tokens a message, 1 a character
+            ws = await connect()
+            await ws.send_json_to(generate(messages, max_tokens=20))
+            done = (await until_end(ws))[-1]
+            await ws.disconnect()
+            return done, engine.requests[-1]["messages"], submitted
+
+    done, seen, submitted = run(scenario())
+    assert submitted[0]["fit_window"] is True
+    assert seen == [system, *turns[4:], messages[-1]]  # the two oldest turns went, whole
+    context = done["context"]
+    assert context["dropped_messages"] == 4 and context["dropped_turns"] == 2
+    assert context["window"] == 230 and context["max_tokens"] == 20
+    assert context["prompt_tokens"] == sum(4 + len(m["content"]) for m in seen)
+    assert context["prompt_tokens"] + 20 <= 230 < context["prompt_tokens"] + 20 + sum(4 + len(m["content"]) for m in turns[2:4])
+    assert context["conversation_tokens"] - context["prompt_tokens"] == context["dropped_tokens"]
+    stored = Conversation.objects.get(id=done["conversation_id"]).messages.count()
+    assert stored == len(messages) + 1  # every message and the reply: fitting changes what the engine sees only
+
+
 def test_n_samples_stream_side_by_side(monkeypatch):
     async def scenario():
         async with worker(monkeypatch):
@@ -209,7 +238,8 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
                 f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
-        def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None):
+        def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None,
+                   fit_window=False):
             asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
             return GPU_QUEUE
 

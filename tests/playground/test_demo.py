@@ -29,7 +29,7 @@ async def demo_worker(monkeypatch, delay: float = 0.002):
         chat_submit = dispatch.submit
         engine.salts = []  # the cache salt of every request, in order
 
-        def submit(request_id, messages, params, preferred="", salt=None, prompt=None, adapter=None):
+        def submit(request_id, messages, params, preferred="", salt=None, prompt=None, adapter=None, fit_window=False):
             engine.salts.append(salt)
             return chat_submit(request_id, messages, params, preferred, salt)
 

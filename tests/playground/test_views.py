@@ -80,20 +80,22 @@ def test_login_page_renders(client):
     assert client.get("/accounts/login/").status_code == 200
 
 
-def test_transcript_sync_keeps_matching_prefix_and_replaces_the_rest():
+def test_transcript_sync_keeps_matching_prefix_and_branches_the_rest():
     conversation = store.open_conversation(None, "s1", None, HELLO)
     reply = {"outputs": [{"index": 0, "text": "Hi!", "finish_reason": "stop"}],
              "usage": {"prompt_tokens": 9, "completion_tokens": 2, "cached_tokens": 0},
              "timing": {"ttft_ms": 5.0, "tokens_per_s": 10.0}}  # fmt: skip
     store.save_reply(conversation.id, "r1", reply, "w1@h")
     kept = list(conversation.messages.order_by("position"))
-    # Regenerate: the same transcript without the reply drops it; the earlier turns keep their rows.
-    store.open_conversation(None, "s1", conversation.id, HELLO)
-    assert list(conversation.messages.order_by("position")) == kept[:2]
-    # Edit the user turn: it is replaced.
+    # Regenerate: the same transcript without the reply shows the earlier turns, their rows kept; the old reply
+    # stays as a branch (tests/playground/test_chat_branches.py).
+    conversation = store.open_conversation(None, "s1", conversation.id, HELLO)
+    assert store.active_path(conversation) == kept[:2]
+    assert conversation.messages.count() == 3
+    # Edit the user turn: a new branch beside it.
     edited = HELLO[:1] + [{"role": "user", "content": "changed"}]
-    store.open_conversation(None, "s1", conversation.id, edited)
-    assert list(conversation.messages.values_list("content", flat=True)) == ["be brief", "changed"]
+    conversation = store.open_conversation(None, "s1", conversation.id, edited)
+    assert [m.content for m in store.active_path(conversation)] == ["be brief", "changed"]
     with pytest.raises(store.ConversationNotFound):
         store.open_conversation(None, "other-session", conversation.id, HELLO)
     with pytest.raises(store.ConversationNotFound):

@@ -31,6 +31,7 @@ def submit(
     cache_salt: str | None = None,
     prompt: str | None = None,
     adapter: str | None = None,
+    fit_window: bool = False,
 ) -> str:
     """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to.
     `messages` is None for a plain-text `prompt` (completions); `adapter` names a LoRA adapter (None: base)."""
@@ -40,6 +41,8 @@ def submit(
         kwargs["prompt"] = prompt
     if adapter is not None:
         kwargs["adapter"] = adapter
+    if fit_window:
+        kwargs["fit_window"] = True
     celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, task_id=request_id)  # Celery's log lines name it too
     return queue
 

@@ -79,6 +79,7 @@ class Job:
     cache_salt: str | None = None
     preferred_worker: str = ""
     adapter: str | None = None  # a LoRA adapter of PLAYGROUND_LORA_MODULES; None: the base model
+    fit_window: bool = False  # drop the oldest turns that do not fit the window (the chat page), not refuse
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -204,7 +205,7 @@ class Generation:
         try:
             self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
                 self.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt,
-                job.adapter,
+                job.adapter, job.fit_window,
             )
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inference import RequestOutput, RequestStream, StreamingEngine
+
+from .context_window import fit_conversation
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class EngineService:
         self._engine: StreamingEngine | None = None
         self._error: str | None = None
         self._loaded = threading.Event()
+        # The context-window report of each fitted request, until its `done` (weak: a failed stream leaves none).
+        self._fits: weakref.WeakKeyDictionary[RequestStream, dict[str, Any]] = weakref.WeakKeyDictionary()
 
     # --- lifecycle --------------------------------------------------------------------------------
     def load(self) -> None:
@@ -97,13 +102,21 @@ class EngineService:
         cache_salt: str | None = None,
         prompt: str | None = None,
         adapter: str | None = None,
+        fit_window: bool = False,
     ) -> RequestStream:
         """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None), under
         the LoRA `adapter` of that name (None: the base model); raises ValueError (nothing queued) when the
-        engine refuses it (a bad or unknown adapter too), EngineUnavailable when it cannot serve."""
+        engine refuses it (a bad or unknown adapter too), EngineUnavailable when it cannot serve.
+        `fit_window` (the chat page): drop the oldest turns that do not fit the context window (context_window.py)
+        and report it in the `done` payload's `context`; without it a transcript too long is refused."""
         from inference import EngineDeadError, LoRARequest, SamplingParams
 
         engine = self.wait_ready(0)
+        fitted = None
+        if fit_window and messages is not None:
+            fitted = fit_conversation(messages, params.get("max_tokens") or 1, engine.engine.max_model_len,  # None: 1
+                                      engine.encode_chat)
+            messages = fitted.messages
         lora_request = None
         if adapter is not None:
             if adapter not in self._lora_modules:
@@ -112,10 +125,13 @@ class EngineService:
             lora_request = LoRARequest(adapter, list(self._lora_modules).index(adapter) + 1,
                                        self._lora_modules[adapter])
         try:
-            return engine.add_request(prompt, SamplingParams(**params), request_id=request_id, messages=messages,
-                                      cache_salt=cache_salt, lora_request=lora_request)
+            stream = engine.add_request(prompt, SamplingParams(**params), request_id=request_id, messages=messages,
+                                        cache_salt=cache_salt, lora_request=lora_request)
         except EngineDeadError as exc:  # the loop died since wait_ready looked
             raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
+        if fitted is not None:
+            self._fits[stream] = fitted.report()
+        return stream
 
     def result(self, stream: RequestStream) -> dict[str, Any]:
         """The `done` payload of a stream that has ended: outputs, usage and timing (docs/protocol.md).
@@ -123,7 +139,11 @@ class EngineService:
         if stream.error is not None or stream.final is None:
             raise EngineUnavailable(stream.error or "the request ended without a result")
         engine = self.wait_ready(0)
-        return summarize(stream.final, self._decode, engine.engine.block_size)
+        done = summarize(stream.final, self._decode, engine.engine.block_size)
+        context = self._fits.pop(stream, None)
+        if context is not None:
+            done["context"] = context
+        return done
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.wait_ready(0).tokenizer.decode(token_ids)

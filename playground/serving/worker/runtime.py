@@ -199,6 +199,7 @@ class WorkerRuntime:
         cache_salt: str | None,
         prompt: str | None = None,
         adapter: str | None = None,
+        fit_window: bool = False,
     ) -> None:
         """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
         a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
@@ -214,14 +215,14 @@ class WorkerRuntime:
             self._serving.add(request_id)
         try:
             send({"type": "gen.accepted", "worker": self.name})
-            self._run(request_id, messages, params, cache_salt, prompt, adapter, send)
+            self._run(request_id, messages, params, cache_salt, prompt, adapter, fit_window, send)
         finally:
             with self._lock:
                 self._serving.discard(request_id)
             logs.request_id.reset(bound)
 
     def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
-             cache_salt: str | None, prompt: str | None, adapter: str | None,
+             cache_salt: str | None, prompt: str | None, adapter: str | None, fit_window: bool,
              send: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
         try:
             self.service.wait_ready(LOAD_TIMEOUT_S)
@@ -231,7 +232,7 @@ class WorkerRuntime:
                 self._finish(request_id, aborted_before_start(params["n"]), send)
                 return
             # Outside the lock: submitting tokenises, may read an adapter from disk and builds a grammar.
-            stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter)
+            stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter, fit_window)
             with self._lock:
                 self._live.add(request_id)
                 aborted = self._early_aborts.pop(request_id, None) is not None

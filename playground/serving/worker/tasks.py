@@ -15,8 +15,10 @@ def generate(
     cache_salt: str | None = None,
     prompt: str | None = None,
     adapter: str | None = None,
+    fit_window: bool = False,
 ) -> None:
     """Blocks this task thread until the request ends; tokens flow through the channel layer, not here.
     A chat request gives `messages`; a plain completion (the OpenAI API's /v1/completions) gives `prompt`;
-    `adapter` names a LoRA adapter of PLAYGROUND_LORA_MODULES (None: the base model)."""
-    runtime.current().serve(request_id, messages, params, cache_salt, prompt, adapter)
+    `adapter` names a LoRA adapter of PLAYGROUND_LORA_MODULES (None: the base model); `fit_window`: drop the
+    oldest turns that do not fit the context window instead of refusing (worker/context_window.py)."""
+    runtime.current().serve(request_id, messages, params, cache_salt, prompt, adapter, fit_window)
