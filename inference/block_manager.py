@@ -443,6 +443,11 @@ class BlockManager:
         return PoolView([b.ref_count for b in self.pool.blocks], [hash_label(b.block_hash) for b in self.pool.blocks],
                         {s.seq_id: list(s.block_table) for s in held}, {s.seq_id: s.request_id for s in held})
 
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks `allocate` can hand out now (free, or cached and evictable)."""
+        return self.pool.num_free_blocks
+
     def free_queue(self) -> list[int]:
         """Block ids with ref count 0 in the order they are handed out (never-used first, then LRU cached)."""
         return list(self.pool.free_block_queue)

@@ -210,7 +210,7 @@ class Scheduler:
         self.block_manager.events.emit(
             Preempted, request_id=victim.request_id, seq_id=victim.seq_id, for_request_id=needy.request_id,
             blocks_needed=self.block_manager.num_blocks_needed(needy, num_new),
-            blocks_free=self.block_manager.pool.num_free_blocks, rule=rule,
+            blocks_free=self.block_manager.num_free_blocks, rule=rule,
         )
 
     def _count_prefix_query(self, seq: Sequence, num_cached_blocks: int) -> None:
