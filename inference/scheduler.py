@@ -69,7 +69,7 @@ class Scheduler:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
-    # --- the queues ----------------------------------------------------------------------------
+    # --- the queues -------------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -92,7 +92,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def running_sequences(self) -> list[Sequence]:
-        """The running sequences (the ones holding blocks), oldest first; a copy."""
+        """The running sequences (the ones holding blocks) in the order they started running; a copy."""
         return list(self.running)
 
     def waiting_requests(self) -> list[Request]:
@@ -102,7 +102,7 @@ class Scheduler:
     def _seats_taken(self) -> int:
         return sum(seq.seats for seq in self.running)
 
-    # --- a step -------------------------------------------------------------------------------------
+    # --- a step -----------------------------------------------------------------------------------
 
     def step_ran(self, out: SchedulerOutput) -> None:
         """The step's forward ran: its tokens are computed, and the blocks they filled hold their K/V."""
@@ -233,7 +233,7 @@ class Scheduler:
         seq.request.metrics.num_preemptions += 1
         out.preempted.append(seq)
 
-    # --- figures and checks ---------------------------------------------------------------------
+    # --- figures and checks -----------------------------------------------------------------------
 
     def stats(self) -> dict[str, int | float]:
         """The queues' and the pool's counters (named as `LLMEngine.metrics()` reports them); cheap."""
