@@ -13,11 +13,16 @@ False / "never", follows HF's `_beam_search` so that results match it token for 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from inference.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inference.sequence import Sequence
 
 NEG_INF = -1.0e9
 
@@ -118,3 +123,57 @@ def advance(
     all_finished = len(state.finished) == width and params.early_stopping is True
     state.done = not state.improvement_possible or all_finished or all(hits)
     return next_beams
+
+
+def beam_step(
+    seq: Sequence,
+    logits: torch.Tensor,
+    fork: Callable[[Sequence, Sequence], None],
+    finish: Callable[[Sequence, str], None],
+    decode: Callable[[list[int]], str],
+) -> int:
+    """Collect one beam's logits; once every live beam of its request has its own, advance the search.
+
+    Returns how many beams took a token (0 while a preempted beam is still catching up). Children copy the
+    parent's tokens as they are before any beam appends its own; every parent chosen more than once is
+    `fork`ed (blocks shared by reference), one chosen by nothing is `finish`ed ("abort": its blocks go back
+    at once). When the search is done every hypothesis is decoded and every live beam finished ("stop").
+    """
+    request, state = seq.request, seq.request.beam
+    state.pending[seq.seq_id] = logits
+    live = [s for s in request.seqs if not s.is_finished]
+    if len(state.pending) < len(live):
+        return 0
+    request.forked = True
+    scores = torch.tensor([state.scores[s.seq_id] for s in live], device=logits.device)
+    stacked = torch.stack([state.pending.pop(s.seq_id) for s in live])
+    continuations = advance(state, [s.output_token_ids for s in live], scores, stacked, request.eos_token_id)
+    if state.done:
+        for hypothesis in state.finished:
+            hypothesis.text = decode(hypothesis.token_ids)
+        for beam in live:
+            finish(beam, "stop")
+        return len(live)
+    picks: dict[int, list[Continuation]] = {}
+    for c in continuations:
+        picks.setdefault(c.parent_index, []).append(c)
+    next_live: list[Sequence] = []
+    for index, parent in enumerate(live):
+        chosen = picks.get(index, [])
+        if not chosen:
+            finish(parent, "abort")
+            continue
+        for c in chosen[1:]:
+            child = request.new_sequence(parent.index, list(parent.token_ids))
+            fork(parent, child)
+            child.token_ids.append(c.token)
+            state.scores[child.seq_id] = c.score
+            next_live.append(child)
+        parent.token_ids.append(chosen[0].token)
+        state.scores[parent.seq_id] = chosen[0].score
+        next_live.append(parent)
+    for beam in live:
+        if beam.is_finished:
+            del state.scores[beam.seq_id]
+    request.seqs = next_live
+    return len(live)

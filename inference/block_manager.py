@@ -28,7 +28,7 @@ Block states (each block is in exactly one):
 `check_integrity()` checks these invariants and the ones in DESIGN.md, raising `IntegrityError` (not
 `assert`, which `python -O` strips); tests call it after every scenario.
 Every change of a ref count, a hash or a block table is also emitted into the engine's `EventLog`
-(inference/events.py), from which `BlockMapReplay` rebuilds the same block map.
+(inference/events.py), from which `BlockMapReplay` rebuilds the same `PoolView` that `view()` returns.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from inference.events import (
     BlockAllocated, BlockCached, BlockEvicted, BlocksFreed, BlockTouched, CacheReset, CopyOnWrite, EventLog,
     Forked, hash_label,
 )
+from inference.pool_view import PoolView
 from inference.sequence import Sequence
 
 
@@ -429,7 +430,59 @@ class BlockManager:
             self.pool.release(src)
         return copies
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block with ref count 0 (`BlockPool.reset_prefix_cache`); returns how many."""
+        return self.pool.reset_prefix_cache()
+
     # --- figures and checks ---------------------------------------------------------------------
+
+    def view(self, live_seqs: list[Sequence]) -> PoolView:
+        """The pool as one `PoolView`: every block's ref count and hash, the tables of `live_seqs` (in their
+        order, which orders each block's owners) that hold blocks. O(blocks): not for every step's figures."""
+        held = [s for s in live_seqs if s.block_table]
+        return PoolView([b.ref_count for b in self.pool.blocks], [hash_label(b.block_hash) for b in self.pool.blocks],
+                        {s.seq_id: list(s.block_table) for s in held}, {s.seq_id: s.request_id for s in held})
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks `allocate` can hand out now (free, or cached and evictable)."""
+        return self.pool.num_free_blocks
+
+    def free_queue(self) -> list[int]:
+        """Block ids with ref count 0 in the order they are handed out (never-used first, then LRU cached)."""
+        return list(self.pool.free_block_queue)
+
+    def stats(self, live_seqs: list[Sequence]) -> dict[str, int | float]:
+        """The pool's counters, each O(1) except the slot fill (O(live sequences)): cheap every step."""
+        pool = self.pool
+        used, cached = pool.num_used_blocks, pool.num_cached_blocks
+        return {
+            "num_blocks_total": pool.num_blocks,
+            "num_blocks_used": used,
+            "num_blocks_free": pool.num_blocks - used - cached,
+            "num_blocks_cached": cached,
+            "num_blocks_shared": pool.num_shared_blocks,
+            "kv_cache_usage": used / pool.num_blocks,
+            "kv_slot_utilization": self._filled_slots(live_seqs) / (used * self.block_size) if used else 1.0,
+            "evictions_total": pool.num_evictions,
+            "cow_copies_total": self.num_cow_copies,
+        }
+
+    def _filled_slots(self, live_seqs: list[Sequence]) -> int:
+        """Slots of the live sequences' blocks that hold computed tokens, each block counted once however
+        many sequences share it: every block before a sequence's last computed position is full. Cheap (set
+        updates per sequence, not a loop per block), since the bench and the dashboard sample it every step."""
+        bs = self.block_size
+        full: set[int] = set()
+        partial: dict[int, int] = {}
+        for seq in live_seqs:
+            table, computed = seq.block_table, seq.num_computed_tokens
+            num_full = min(len(table), computed // bs)
+            full.update(table[:num_full])
+            if num_full < len(table) and computed > num_full * bs:
+                block_id = table[num_full]
+                partial[block_id] = max(partial.get(block_id, 0), computed - num_full * bs)
+        return bs * len(full) + sum(tokens for block_id, tokens in partial.items() if block_id not in full)
 
     def check_integrity(self, live_seqs: list[Sequence]) -> None:
         """Check the DESIGN.md invariants for the pool and the given live (block-holding) sequences.

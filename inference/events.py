@@ -7,8 +7,9 @@ carries the number of the step before it, 0 before the first) and a `perf_counte
 so a recording is ordered by step.
 
 Invariant (tested): applying a run's events in order to an empty `BlockMapReplay` reproduces, after every
-step, exactly the pool's ref counts, block hashes and every live sequence's block table. For that the
-events describe every change of ref count and table:
+step, exactly the block manager's `PoolView` (inference/pool_view.py): the pool's ref counts, block hashes
+and every live sequence's block table and owner. For that the events describe every change of ref count and
+table:
     allocated       a block left the free queue for `seq`'s logical block `index` (ref count 1); appended,
                     or, after a copy-on-write, replacing the shared block at `index`
     touched         a cached or shared block gained a reference as `seq`'s logical block `index` (a prefix
@@ -31,12 +32,13 @@ nothing after it, so what it holds stays replayable.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
+
+from inference.pool_view import PoolView
 
 
 def hash_label(block_hash: object) -> str | None:
@@ -231,7 +233,7 @@ RECORDING_FORMAT = "paged-playground-recording/1"
 
 @dataclass
 class Recording:
-    """Events from `initial` (the pool at the start: ref counts, hashes, tables by seq id, their owners) on."""
+    """Events from `initial` (the pool at the start, `PoolView.to_initial`) on."""
 
     num_blocks: int
     block_size: int
@@ -313,86 +315,65 @@ class EventLog:
         return [e for e in self.events if e.step >= step]
 
 
-@dataclass
 class BlockMapReplay:
-    """The pool's block map rebuilt from events alone: what a recording shows at any step.
+    """The pool's `PoolView` rebuilt from events alone: what a recording shows at any step."""
 
-    `ref_counts[b]` and `hashes[b]` per physical block, `tables[seq_id]` per live sequence.
-    """
-
-    num_blocks: int
-    ref_counts: list[int] = field(init=False)
-    hashes: list[str | None] = field(init=False)
-    tables: dict[int, list[int]] = field(default_factory=dict)
-    owners: dict[int, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.ref_counts = [0] * self.num_blocks
-        self.hashes = [None] * self.num_blocks
+    def __init__(self, view: PoolView) -> None:
+        self.view = view
 
     @classmethod
     def starting_from(cls, num_blocks: int, initial: dict | None) -> BlockMapReplay:
-        """A replay from a recording's initial pool (JSON keys are strings), or from an empty pool."""
-        replay = cls(num_blocks)
-        if initial:
-            replay.ref_counts = list(initial["ref_counts"])
-            replay.hashes = list(initial["hashes"])
-            replay.tables = {int(k): list(v) for k, v in initial["tables"].items()}
-            replay.owners = {int(k): v for k, v in initial["owners"].items()}
-        return replay
+        """A replay from a recording's initial pool (`PoolView.to_initial`), or from an empty pool."""
+        return cls(PoolView.from_initial(initial) if initial else PoolView.empty(num_blocks))
 
     def apply(self, event: EngineEvent) -> None:
+        view = self.view
         if isinstance(event, BlockAllocated):
-            table = self.tables.setdefault(event.seq_id, [])
-            self.owners[event.seq_id] = event.request_id
+            table = view.tables.setdefault(event.seq_id, [])
+            view.owners[event.seq_id] = event.request_id
             if event.index == len(table):
                 table.append(event.block_id)
             else:
                 table[event.index] = event.block_id
-            self.ref_counts[event.block_id] = 1
+            view.ref_counts[event.block_id] = 1
         elif isinstance(event, BlockTouched):
-            self.tables.setdefault(event.seq_id, []).append(event.block_id)
-            self.owners[event.seq_id] = event.request_id
-            self.ref_counts[event.block_id] += 1
+            view.tables.setdefault(event.seq_id, []).append(event.block_id)
+            view.owners[event.seq_id] = event.request_id
+            view.ref_counts[event.block_id] += 1
         elif isinstance(event, Forked):
-            self.tables[event.child_seq_id] = list(event.block_ids)
-            self.owners[event.child_seq_id] = event.request_id
+            view.tables[event.child_seq_id] = list(event.block_ids)
+            view.owners[event.child_seq_id] = event.request_id
             for block_id in event.block_ids:
-                self.ref_counts[block_id] += 1
+                view.ref_counts[block_id] += 1
         elif isinstance(event, CopyOnWrite):
-            self.ref_counts[event.src_block_id] -= 1
+            view.ref_counts[event.src_block_id] -= 1
         elif isinstance(event, BlocksFreed):
             for block_id in event.block_ids:
-                self.ref_counts[block_id] -= 1
-            self.tables.pop(event.seq_id, None)
-            self.owners.pop(event.seq_id, None)
+                view.ref_counts[block_id] -= 1
+            view.tables.pop(event.seq_id, None)
+            view.owners.pop(event.seq_id, None)
         elif isinstance(event, BlockCached):
-            self.hashes[event.block_id] = event.block_hash
+            view.hashes[event.block_id] = event.block_hash
         elif isinstance(event, BlockEvicted):
-            self.hashes[event.block_id] = None
+            view.hashes[event.block_id] = None
         elif isinstance(event, CacheReset):
             for block_id in event.block_ids:
-                self.hashes[block_id] = None
-
-    def state(self, block_id: int) -> str:
-        if self.ref_counts[block_id]:
-            return "used"
-        return "cached" if self.hashes[block_id] is not None else "free"
+                view.hashes[block_id] = None
 
 
 def replay_steps(num_blocks: int, events: Iterable[EngineEvent], initial: dict | None = None
-                 ) -> dict[int, BlockMapReplay]:
-    """The replayed block map as it stood at the end of every step that appears in `events`, starting from
+                 ) -> dict[int, PoolView]:
+    """The replayed pool view as it stood at the end of every step that appears in `events`, starting from
     `initial` (a recording's) or an empty pool. Returns copies keyed by step, so a slider can jump to any.
     """
     replay = BlockMapReplay.starting_from(num_blocks, initial)
-    states: dict[int, BlockMapReplay] = {}
+    states: dict[int, PoolView] = {}
     current = None
     for event in events:
         if current is not None and event.step != current:
-            states[current] = copy.deepcopy(replay)
+            states[current] = replay.view.copy()
         current = event.step
         replay.apply(event)
     if current is not None:
-        states[current] = copy.deepcopy(replay)
+        states[current] = replay.view.copy()
     return states

@@ -5,7 +5,8 @@ blocks, so that every allocation, prefix hit, copy-on-write, preemption and evic
 the weights of an engine already loaded (a worker's), never its KV pool. Requests are named A, B, C... and
 those names are their request ids, so the event log's plain-language sentences read as the page shows them.
 
-After every `step()` the session hands back a `snapshot()`: the physical pool (ref counts, hashes, fill),
+After every `step()` the session hands back a `snapshot()`: the physical pool (the engine's `PoolView`, with
+each block's fill),
 each request's logical blocks with their physical block ids, the free queue in eviction order, the step's
 events with a sentence each, and the contiguous-allocation counterfactual (LLMEngine.contiguous_counterfactual).
 Single-threaded like the engine: one caller at a time. Beside a live engine, step it on that engine's loop
@@ -20,9 +21,8 @@ from dataclasses import asdict, dataclass
 from inference.beam_search import BeamSearchParams
 from inference.config import DTYPES, EngineArgs
 from inference.engine import LLMEngine
-from inference.events import hash_label
 from inference.sampling_params import SamplingParams
-from inference.sequence import Request
+from inference.sequence import Request, SequenceStatus
 
 # What a presenter may choose on the page (the page is served these ranges; nothing else checks them).
 LAB_LIMITS = {
@@ -155,27 +155,24 @@ class LabSession:
         return self.engine.events.recording.to_dict()
 
     def snapshot(self) -> dict:
-        engine = self.engine
-        pool, bs = engine.block_manager.pool, engine.block_size
-        filled: dict[int, int] = {}
-        owners: dict[int, list[str]] = {}
-        for seq in engine.scheduler.running:
+        engine, bs = self.engine, self.engine.block_size
+        view = engine.pool_view()
+        filled: dict[int, int] = {}  # tokens written into each held block (the fullest holder's count)
+        for seq in engine.live_sequences():
             for i, block_id in enumerate(seq.block_table):
                 filled[block_id] = max(filled.get(block_id, 0), min(bs, seq.num_computed_tokens - i * bs))
-                if seq.request_id not in owners.setdefault(block_id, []):
-                    owners[block_id].append(seq.request_id)
+        owners = view.block_owners()
         blocks = [
-            {"id": b.block_id, "ref_count": b.ref_count, "hash": hash_label(b.block_hash),
-             "state": "used" if b.ref_count else ("cached" if b.block_hash is not None else "free"),
-             "filled": filled.get(b.block_id, 0), "owners": owners.get(b.block_id, [])}
-            for b in pool.blocks
+            {"id": b, "ref_count": view.ref_counts[b], "hash": view.hashes[b], "state": view.state(b),
+             "filled": filled.get(b, 0), "owners": owners.get(b, [])}
+            for b in range(view.num_blocks)
         ]
         metrics = engine.metrics(block_map=False)
         return {
             "step": self.step_number,
             "config": asdict(self.config),
             "blocks": blocks,
-            "free_queue": list(pool.free_block_queue),
+            "free_queue": engine.block_manager.free_queue(),
             "requests": self.snapshot_requests(),
             "events": self.new_events(),
             "counters": {k: metrics[k] for k in (
@@ -194,7 +191,7 @@ class LabSession:
         request, lab_request = self._engine_requests[label], self.requests[label]
         seqs = sorted(request.seqs, key=lambda s: s.index)
         status = ("finished" if request.is_finished else
-                  "running" if any(s in self.engine.scheduler.running for s in seqs) else "waiting")
+                  "running" if any(s.status is SequenceStatus.RUNNING for s in seqs) else "waiting")
         return {
             "label": label,
             "status": status,

@@ -54,7 +54,7 @@ def _blocks_held(label: str) -> Callable[[LabSession], int]:
 
 
 def _shared_blocks(session: LabSession) -> int:
-    return sum(1 for b in session.engine.block_manager.pool.blocks if b.ref_count > 1)
+    return sum(1 for ref_count in session.engine.pool_view().ref_counts if ref_count > 1)
 
 
 def _cached_tokens(label: str) -> Callable[[LabSession], int]:
@@ -115,7 +115,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         tuple(Arrival(0, LabRequest(p, max_tokens=40)) for p in (
             "List the planets of the solar system.", "Explain rain to a child.", "Describe your ideal day.")),
         Quiz("How many preemptions did the engine make before all three finished?",
-             lambda session: session.engine.scheduler.num_preemptions),
+             lambda session: session.engine.metrics(block_map=False)["num_preemptions_total"]),
     ),
     Scenario(
         "lru_eviction", "LRU eviction of cached blocks",

@@ -85,7 +85,7 @@ class ModelRunner:
                 args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
             if group is None and args.tensor_parallel_size > 1:
                 check_tensor_parallel(args, ModelConfig.from_folder(folder), self.device, self.quantization)
-                self.ranks = Ranks(args, folder, self.device)
+                self.ranks = Ranks(args, folder, self.device, type(self))
                 group = self.ranks.group
         elif weights_of.group.size > 1:
             raise ValueError(f"an engine cannot share a tensor-parallel engine's weights (tensor_parallel_size="
@@ -201,6 +201,10 @@ class ModelRunner:
         hidden = self.model(batch.input_ids.to(self.device), batch.positions.to(self.device), self.kv_caches, meta,
                             self.ops, rows=batch.sample_rows.to(self.device))
         return self.model.compute_logits(hidden)
+
+    def follow(self, payload: torch.Tensor) -> None:
+        """On ranks 1..N-1 (inference/parallel/ranks.py): run the step rank 0 sent as a payload."""
+        self.run(StepBatch.from_payload(payload))
 
     def check_alive(self) -> None:
         """Raise `RankFailedError` if a tensor-parallel rank has died (then this runner cannot step again)."""

@@ -17,6 +17,12 @@ Every step, in this order:
    users at once) map them in the same step and compute only the rest. A request whose next uncached
    blocks, for at least half of what it would compute, are blocks a running prefill computes in a *later*
    step (a chunked prompt) is passed over until they are cached, instead of computing the same K/V twice.
+
+The scheduler owns its queues and the block manager behind them: the engine adds, forks and finishes
+sequences through it (`add`, `fork`, `finish`), hands it each step's outcome (`step_ran`, `step_failed`) and
+reads figures (`stats`, `view`, `running_sequences`, `waiting_requests`), never `running`, `waiting` or the
+pool directly. Invariant: a sequence is in `running` iff its status is RUNNING, and only running sequences
+hold blocks (`check_integrity`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from inference.block_manager import BlockManager, IntegrityError
 from inference.lora_slots import LoRAManager
 from inference.events import Preempted, Scheduled
 from inference.events import ScheduledSeq as ScheduledEntry
-from inference.sequence import Sequence, SequenceStatus
+from inference.pool_view import PoolView
+from inference.sequence import Request, Sequence, SequenceStatus
 
 
 @dataclass
@@ -41,6 +48,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Copy-on-write (src, dst) block pairs the runner must copy before this step's forward.
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -60,15 +69,51 @@ class Scheduler:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
+    # --- the queues -------------------------------------------------------------------------------
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` running beside its running `parent`, sharing all of its blocks (a sample or a beam)."""
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def finish(self, seq: Sequence, reason: str = "finished") -> None:
+        """Take a finished or aborted sequence out of the queues and drop its block references."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq, reason)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def running_sequences(self) -> list[Sequence]:
+        """The running sequences (the ones holding blocks) in the order they started running; a copy."""
+        return list(self.running)
+
+    def waiting_requests(self) -> list[Request]:
+        """The requests with a waiting sequence, in queue order, each once."""
+        return list({seq.request_id: seq.request for seq in self.waiting}.values())
+
     def _seats_taken(self) -> int:
-        """Running sequences, counting an unforked n > 1 request as the n samples it will become."""
-        return sum(1 if s.request.forked else s.request.params.n for s in self.running)
+        return sum(seq.seats for seq in self.running)
+
+    # --- a step -----------------------------------------------------------------------------------
+
+    def step_ran(self, out: SchedulerOutput) -> None:
+        """The step's forward ran: its tokens are computed, and the blocks they filled hold their K/V."""
+        self.block_manager.keep_promises()
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+
+    def step_failed(self) -> None:
+        """The step's forward failed: no block it promised to the prefix cache may be found there."""
+        self.block_manager.break_promises()
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -103,8 +148,7 @@ class Scheduler:
                 break
             if not seq.request.grammar_ready:
                 continue  # its grammar is still compiling; those behind it need not wait for it
-            seats = 1 if seq.request.forked else seq.request.params.n
-            if self._seats_taken() + seats > self.max_num_seqs:
+            if self._seats_taken() + seq.seats > self.max_num_seqs:
                 break
             cached = self.block_manager.find_cached_prefix(seq)
             num_new = min(len(seq.token_ids) - len(cached) * self.block_manager.block_size, budget)
@@ -131,6 +175,7 @@ class Scheduler:
                                "decode" if s.seq.num_computed_tokens >= s.seq.num_prompt_tokens else "prefill")
                 for s in out.scheduled
             ))
+        out.copies = self.block_manager.take_pending_copies()
         return out
 
     def _prefill_blocks_in_flight(self) -> set[int]:
@@ -165,7 +210,7 @@ class Scheduler:
         self.block_manager.events.emit(
             Preempted, request_id=victim.request_id, seq_id=victim.seq_id, for_request_id=needy.request_id,
             blocks_needed=self.block_manager.num_blocks_needed(needy, num_new),
-            blocks_free=self.block_manager.pool.num_free_blocks, rule=rule,
+            blocks_free=self.block_manager.num_free_blocks, rule=rule,
         )
 
     def _count_prefix_query(self, seq: Sequence, num_cached_blocks: int) -> None:
@@ -188,10 +233,33 @@ class Scheduler:
         seq.request.metrics.num_preemptions += 1
         out.preempted.append(seq)
 
-    def finish(self, seq: Sequence, reason: str = "finished") -> None:
-        """Take a finished or aborted sequence out of the queues and drop its block references."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.block_manager.free(seq, reason)
+    # --- figures and checks -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int | float]:
+        """The queues' and the pool's counters (named as `LLMEngine.metrics()` reports them); cheap."""
+        running = {s.request_id for s in self.running}
+        return {
+            **self.block_manager.stats(self.running),
+            "num_requests_running": len(running),
+            "num_requests_waiting": len({s.request_id for s in self.waiting} - running),
+            "num_preemptions_total": self.num_preemptions,
+            "prefix_cache_queries_total": self.prefix_cache_queries,
+            "prefix_cache_hits_total": self.prefix_cache_hits,
+        }
+
+    def view(self) -> PoolView:
+        """The pool with the running sequences' tables (`BlockManager.view`)."""
+        return self.block_manager.view(self.running)
+
+    def reset_prefix_cache(self) -> int:
+        return self.block_manager.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """The block manager's invariants over the running sequences, and that no waiting one holds blocks."""
+        for seq in self.waiting:
+            if seq.block_table or seq.status is not SequenceStatus.WAITING:
+                raise IntegrityError(f"waiting seq {seq.seq_id} is {seq.status.name} with blocks {seq.block_table}")
+        for seq in self.running:
+            if seq.status is not SequenceStatus.RUNNING:
+                raise IntegrityError(f"seq {seq.seq_id} is in the running queue but {seq.status.name}")
+        self.block_manager.check_integrity(self.running)

@@ -86,6 +86,13 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def seats(self) -> int:
+        """Batch seats (of `max_num_seqs`) this sequence holds: 1 once its request has forked, else its
+        request's `n`, the samples (or beams) it becomes at the first sample. The one seat rule: the
+        scheduler's admission and the contiguous counterfactual both count with it."""
+        return 1 if self.request.forked else self.request.params.n
+
+    @property
     def request_id(self) -> str:
         return self.request.request_id
 
@@ -119,6 +126,16 @@ class RequestMetrics:
             if self.prompt_sources[t] == PROMPT_PENDING:
                 self.prompt_sources[t] = PROMPT_CACHED
 
+    def record_scheduled(self, seq: Sequence, num_new_tokens: int, now: float) -> int:
+        """A step scheduled at `now` computes `num_new_tokens` more of `seq`; returns how many are prompt tokens."""
+        start = seq.num_computed_tokens
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+        computed_prompt = max(0, min(seq.num_prompt_tokens, start + num_new_tokens) - start)
+        self.num_computed_prompt_tokens += computed_prompt
+        self.record_computed(seq, start, start + num_new_tokens)
+        return computed_prompt
+
     def record_computed(self, seq: Sequence, start: int, end: int) -> None:
         """A step computed tokens [start, end) of `seq`: new, or recomputed below its high-water mark."""
         high = seq.num_computed_high_water
@@ -132,6 +149,15 @@ class RequestMetrics:
                 self.prompt_sources[t] = PROMPT_RECOMPUTED
             elif source == PROMPT_PENDING:
                 self.prompt_sources[t] = PROMPT_COMPUTED
+
+    def record_token(self, now: float, timed: bool = True) -> None:
+        """A token was generated at `now`; `timed`: it counts in `token_times` (one stream per request: the
+        first sample's, or every beam step)."""
+        if timed:
+            self.token_times.append(now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.last_token_time = now
 
     @property
     def ttft(self) -> float | None:

@@ -42,7 +42,8 @@ from typing import TypeVar
 from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
-from inference.engine import LLMEngine, load_tokenizer
+from inference.engine import LLMEngine
+from inference.input_processor import load_tokenizer
 from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model

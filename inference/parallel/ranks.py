@@ -5,8 +5,10 @@ and its `ModelRunner` holds the first shard. `Ranks` starts ranks 1..N-1 (torch.
 per device (on CPU, N processes each with its share of the threads). Each joins the process groups
 (`group.py`), loads only its shard, allocates its `kv_heads / N` of every KV block, and loops in
 `_rank_main`: receive the step's batch (one broadcast from rank 0), run the forward, take part in the
-all-reduces and the logits' gather. A process started this way re-imports the caller's main module, so a
-script that builds a tensor-parallel engine must do it under `if __name__ == "__main__":` (as with vLLM).
+all-reduces and the logits' gather. A rank runs the same runner class as rank 0 (`runner_class`, handed
+in by rank 0's `ModelRunner`), so this module never imports the model runner that imports it. A process
+started this way re-imports the caller's main module, so a script that builds a tensor-parallel engine
+must do it under `if __name__ == "__main__":` (as with vLLM).
 
 Faults. A watchdog thread on rank 0 waits on every rank process; when one exits unasked it records why
 (the rank's own traceback, which the rank leaves in the rendezvous store) and kills the others, which
@@ -27,7 +29,7 @@ import traceback
 import weakref
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
@@ -93,6 +95,15 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
         raise ValueError(f"tensor parallelism runs on cpu (gloo) or cuda (NCCL), not {device.type!r}")
 
 
+class RankRunner(Protocol):
+    """What a rank process runs: a model runner built on that rank's group, fed each step's payload."""
+
+    def __init__(self, args: EngineArgs, folder: Path, *, group: Group) -> None: ...
+
+    def follow(self, payload: torch.Tensor) -> None:
+        """Run one step rank 0 sent (its `StepBatch.to_payload()`)."""
+
+
 class Ranks:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each step, watches them, stops them.
 
@@ -100,7 +111,8 @@ class Ranks:
     and kills processes. `failure`, once set, never changes.
     """
 
-    def __init__(self, args: EngineArgs, folder: Path, device: torch.device) -> None:
+    def __init__(self, args: EngineArgs, folder: Path, device: torch.device,
+                 runner_class: type[RankRunner]) -> None:
         size = args.tensor_parallel_size
         self.failure: str | None = None
         self._lock = threading.Lock()  # one header + payload at a time; close never cuts into a send
@@ -109,7 +121,7 @@ class Ranks:
         threads = cpu_threads_per_rank(size) if device.type == "cpu" else 1
         context = mp.get_context("spawn")
         self.processes = [
-            context.Process(target=_rank_main, args=(rank, args, folder, self._store.port, threads),
+            context.Process(target=_rank_main, args=(rank, runner_class, args, folder, self._store.port, threads),
                             name=f"tensor-parallel-rank-{rank}", daemon=True)
             for rank in range(1, size)
         ]
@@ -232,21 +244,20 @@ def _close_at_exit(ref: weakref.ref) -> None:
         ranks.close()
 
 
-def _rank_main(rank: int, args: EngineArgs, folder: Path, port: int, threads: int) -> None:
+def _rank_main(rank: int, runner_class: type[RankRunner], args: EngineArgs, folder: Path, port: int,
+               threads: int) -> None:
     """A rank process: join the groups, load this rank's shard, run every step rank 0 sends until STOP."""
     size = args.tensor_parallel_size
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=START_TIMEOUT)
     try:
         torch.set_num_threads(threads)
-        from inference.model_runner import ModelRunner, StepBatch  # the runner imports this module
-
         store.set(f"joining/{rank}", "1")
         group = Group.join(store, rank, size, rank_device(args.resolve_device(), rank))
-        runner = ModelRunner(args, folder, group=group)
+        runner = runner_class(args, folder, group=group)
         header = torch.empty(2, dtype=torch.int64)
         while group.broadcast(header)[0].item() == STEP:
             payload = group.broadcast(torch.empty(int(header[1]), dtype=torch.int64))
-            runner.run(StepBatch.from_payload(payload))
+            runner.follow(payload)
     except BaseException:
         try:
             store.set(f"error/{rank}", traceback.format_exc())

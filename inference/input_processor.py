@@ -1,0 +1,104 @@
+"""Requests in: tokenise and validate what a caller submits, before the engine's state is touched.
+
+As vLLM V1 keeps its input processing outside the engine core, `InputProcessor` turns a prompt and its
+parameters into a `Request` (sequences, adapter, grammar) or refuses it with a clear error, and never
+reads or changes the scheduler, the pool or the runner's state: so it is safe from any thread (the web
+worker's Celery threads call it while the engine steps), and a refused request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from inference.beam_search import BeamSearchParams, BeamState
+from inference.config import EngineArgs
+from inference.lora import LoRAAdapter, LoRAError, LoRARequest
+from inference.lora_slots import LoRAManager
+from inference.sampling_params import SamplingParams
+from inference.sequence import Request
+from inference.structured_outputs import StructuredOutputManager
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, args: EngineArgs,
+                 lora: LoRAManager | None, structured: StructuredOutputManager) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = args.max_model_len
+        self.max_num_seqs = args.max_num_seqs
+        self.lora = lora
+        self.structured = structured
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | dict,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> Request:
+        """Tokenise and validate a request. A `lora_request`'s adapter is read and checked here (from the
+        host cache when it is there); a structured-outputs grammar starts compiling here."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, token_ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        else:
+            raise ValueError("a prompt must be a string or a dict with 'prompt_token_ids'")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
+                "which must leave room for at least one generated token"
+            )
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
+        adapter = self._adapter(lora_request)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.structured.request_grammar(params.structured_outputs)
+        return Request(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            params=params,
+            eos_token_id=None if params.ignore_eos else self.tokenizer.eos_token_id,
+            cache_salt=cache_salt,
+            adapter=adapter,
+            arrival_time=arrival_time if arrival_time is not None else time.perf_counter(),
+            grammar=grammar,
+        )
+
+    def make_beam_request(self, request_id: str, prompt: str | dict, params: BeamSearchParams) -> Request:
+        """A beam-search request: `beam_width` seats, its search state started from the prompt (score 0)."""
+        request = self.make_request(request_id, prompt, params.sampling_params())
+        max_tokens = min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids))
+        request.beam = BeamState(params, max_tokens)
+        request.beam.scores[request.seqs[0].seq_id] = 0.0
+        return request
+
+    def _adapter(self, lora_request: LoRARequest | None) -> LoRAAdapter | None:
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise LoRAError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.lora is None:
+            raise LoRAError("this engine was built without LoRA support; pass enable_lora=True")
+        return self.lora.get(lora_request)
+
+
+def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    """The model's own tokenizer and chat template; fails clearly when the folder has none."""
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{folder}: cannot load a tokenizer ({exc})") from exc
