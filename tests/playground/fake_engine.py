@@ -60,7 +60,7 @@ class FakeStreamingEngine:
             stop.set()
 
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
-                    lora_request=None):
+                    lora_request=None, chat_options=None):
         last = messages[-1]["content"] if messages is not None else prompt
         if self.error is not None:
             raise EngineDeadError(self.error)
