@@ -5,7 +5,8 @@ A request is authenticated (API key), validated (`schema`), admitted under the u
 socket, through the same request lifecycle (`serving.web.lifecycle`). The first update is awaited before
 answering, so a request the engine refuses (prompt too long...) gets a 400 even when streaming was asked for.
 """
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -20,11 +21,14 @@ from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, 
 from playground.serving.web.models import adapter_for, base_model, served_models
 
 from .auth import authenticate
+from .batch import Batch, combine, renumber
 from .errors import ApiError
 from .responses import Shape, sse
 from .schema import ApiRequest, parse_body, parse_chat, parse_completion
 from .structured import api_message
 
+# Unknown request fields are ignored (vLLM does so too, with a log line); their names come back in this header.
+IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "timeout": 504, "server_error": 500}
 
 
@@ -91,69 +95,78 @@ async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
                                            settings.PLAYGROUND_API["max_prompt_chars"])  # fmt: skip
         who = limits.identity(key.user)
         quota = await sync_to_async(limits.quota_for, thread_sensitive=False)(key.user)
-        generation = await lifecycle.admit(lambda: limits.admit(who, quota))
+        jobs = _jobs(api_request, salt.cache_salt(who))
+        batch = Batch(await _admit(len(jobs), lambda: limits.admit(who, quota)), api_request.params["n"])
     except limits.LimitExceeded as exc:
         headers = {"Retry-After": str(exc.retry_after)}
         return ApiError(429, str(exc), code="rate_limit_exceeded", headers=headers).response()
     except ApiError as exc:
         return exc.response()
 
-    job = Job(params=api_request.params, messages=api_request.messages, prompt=api_request.prompt,
-              cache_salt=salt.cache_salt(who), adapter=adapter_for(api_request.model))  # fmt: skip
-    shape = Shape(chat, api_request, generation.request_id)
-    updates = generation.updates()
-    try:  # the first update before answering: a request the engine refuses is a 400 even when streaming
-        await generation.start(job)
-        first = await anext(updates)
+    shape = Shape(chat, api_request, batch.generations[0].request_id)
+    try:  # the first updates before answering: a request the engine refuses is a 400 even when streaming
+        firsts = await batch.start(jobs)
     except GenerationFailed as exc:
-        await generation.close()
+        await batch.close()
         return _failure(exc, api_request).response()
     except BaseException:
-        await generation.close()
+        await batch.close()
         raise
     if api_request.stream:
-        response = StreamingHttpResponse(_stream(shape, generation, first, updates), content_type="text/event-stream")
+        response = StreamingHttpResponse(_stream(shape, batch, firsts), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # no proxy buffering of the event stream
-        return response
-    async with generation:
-        try:
-            done = first.done or await _last(updates)
-        except GenerationFailed as exc:
-            return _failure(exc, api_request).response()
-    return JsonResponse(shape.completion(done))
+    else:
+        async with batch:
+            try:
+                response = JsonResponse(shape.completion(await batch.result(firsts)))
+            except GenerationFailed as exc:
+                return _failure(exc, api_request).response()
+    if api_request.ignored:
+        response[IGNORED_FIELDS_HEADER] = ", ".join(api_request.ignored)
+    return response
 
 
-async def _last(updates: AsyncIterator[Update]) -> dict[str, Any]:
-    """Skip the text deltas; the done event carries the full texts."""
-    async for update in updates:
-        if update.done is not None:
-            return update.done
-    raise GenerationFailed("the request ended without a result")
+def _jobs(api_request: ApiRequest, cache_salt: str) -> list[Job]:
+    """One envelope per generation: the chat, or each prompt of a completions batch."""
+    common = {"params": api_request.params, "cache_salt": cache_salt, "adapter": adapter_for(api_request.model),
+              **api_request.job_options}  # fmt: skip
+    if api_request.messages is not None:
+        return [Job(messages=api_request.messages, **common)]
+    return [Job(prompt=prompt, **common) for prompt in api_request.prompts]
 
 
-async def _stream(shape: Shape, generation: Generation, first: Update,
-                  updates: AsyncIterator[Update]) -> AsyncIterator[bytes]:  # fmt: skip
-    """Server-sent events: role chunks, text deltas, closing chunks, optional usage, then [DONE]."""
+async def _admit(count: int, take_slot: Callable[[], lifecycle.Slot]) -> list[Generation]:
+    """A concurrency slot per generation (a batch of prompts counts as that many requests), all or none."""
+    generations: list[Generation] = []
+    try:
+        for _ in range(count):
+            generations.append(await lifecycle.admit(take_slot))
+    except BaseException:
+        await asyncio.gather(*(g.close() for g in generations))
+        raise
+    return generations
+
+
+async def _stream(shape: Shape, batch: Batch, firsts: list[Update]) -> AsyncIterator[bytes]:
+    """Server-sent events: opening chunks, text deltas, each choice's closing chunk, optional usage, [DONE]."""
     sent: dict[int, str] = {}
-    async with generation:
+    dones: dict[int, dict[str, Any]] = {}
+    async with batch:
         try:
             for chunk in shape.first_chunks():
                 yield sse(chunk)
-            update = first
-            while True:
+            async for k, update in batch.updates(firsts):
                 for piece in update.chunks if shape.streams_text else []:
-                    sent[piece["index"]] = sent.get(piece["index"], "") + piece["text"]
-                    yield sse(shape.chunk(piece["index"], piece["text"]))
+                    index = k * batch.n + piece["index"]
+                    sent[index] = sent.get(index, "") + piece["text"]
+                    yield sse(shape.chunk(index, piece["text"]))
                 if update.done is not None:
-                    for chunk in shape.final_chunks(update.done, sent):
+                    dones[k] = renumber(update.done, k, batch.n)
+                    for chunk in shape.final_chunks(dones[k], sent):
                         yield sse(chunk)
-                    if shape.request.include_usage:
-                        yield sse(shape.usage_chunk(update.done))
-                    break
-                update = await anext(updates)
+            if shape.request.include_usage:
+                yield sse(shape.usage_chunk(combine([dones[k] for k in sorted(dones)])))
         except GenerationFailed as exc:
             yield sse(_failure(exc, shape.request).body())
-        except StopAsyncIteration:
-            yield sse(ApiError(500, "the request ended without a result").body())
     yield sse("[DONE]")
