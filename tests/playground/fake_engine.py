@@ -62,6 +62,8 @@ class FakeStreamingEngine:
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
                     lora_request=None, chat_options=None):
         last = messages[-1]["content"] if messages is not None else prompt
+        if isinstance(last, list):  # token ids: answered as their text
+            last = " ".join(map(str, last))
         if self.error is not None:
             raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
@@ -69,7 +71,7 @@ class FakeStreamingEngine:
         if last.startswith("SLOW"):  # a slow admission: a long prompt to tokenise, an adapter read from disk
             time.sleep(self.slow_admission_s)
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params,
-                              "lora_request": lora_request})
+                              "lora_request": lora_request, "prompt": prompt, "chat_options": chat_options})
         stream = FakeStream(request_id)
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
