@@ -8,6 +8,7 @@ import json
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.test import AsyncClient
 from fake_worker import worker
 
@@ -172,6 +173,8 @@ def test_responses_api_plain_and_streamed(monkeypatch, headers):
 
 
 def test_health_version_and_models(monkeypatch, headers, settings):
+    cache.clear()  # no heartbeat left by an earlier test's worker
+
     async def scenario():
         client = AsyncClient()
         before = await client.get("/health")
