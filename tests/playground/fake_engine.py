@@ -111,6 +111,13 @@ class FakeStreamingEngine:
         self.live.pop(stream.request_id, None)
         stream.put(None)
 
+    def encode(self, text: str) -> list[int]:
+        """One token per character, as the replies are."""
+        return [ord(c) % 1000 for c in text]
+
+    def encode_chat(self, messages, **chat_options) -> list[int]:
+        return self.encode("".join(m["content"] for m in messages))
+
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         stop = self.live.get(request_id)
