@@ -23,7 +23,8 @@ def combine(dones: Sequence[dict[str, Any]]) -> dict[str, Any]:
     receipt describes one prompt, so a batch has none."""
     if len(dones) == 1:
         return dones[0]
-    usage = {key: sum(d["usage"][key] for d in dones) for key in ("prompt_tokens", "completion_tokens", "cached_tokens")}
+    keys = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    usage = {key: sum(d["usage"][key] for d in dones) for key in keys}
     return {"outputs": [o for d in dones for o in d["outputs"]], "usage": usage}
 
 

@@ -235,13 +235,15 @@ def test_openai_client_vllm_fields_batches_and_the_responses_api(client, server,
     assert forced.usage.completion_tokens == natural + 6
     batch = client.completions.create(model=MODEL, prompt=[PROMPT, PROMPT], temperature=0, max_tokens=8)
     assert [c.text for c in batch.choices] == [greedy[1], greedy[1]] and [c.index for c in batch.choices] == [0, 1]
-    streamed = list(client.completions.create(model=MODEL, prompt=[PROMPT], temperature=0, max_tokens=8, stream=True))
+    streamed = list(client.completions.create(model=MODEL, prompt=[PROMPT], temperature=0, max_tokens=8,
+                                              stream=True))  # fmt: skip
     assert "".join(c.choices[0].text for c in streamed if c.choices) == greedy[1]
     reply = client.responses.create(model=MODEL, input=CHAT[1]["content"], instructions=CHAT[0]["content"],
                                     temperature=0, max_output_tokens=8)  # fmt: skip
     assert reply.output_text == greedy[0] and reply.status == "incomplete"
-    events = list(client.responses.create(model=MODEL, input=CHAT[1]["content"], instructions=CHAT[0]["content"],
-                                          temperature=0, max_output_tokens=8, stream=True))  # fmt: skip
+    events = list(client.responses.create(model=MODEL, input=CHAT[1]["content"],
+                                          instructions=CHAT[0]["content"], temperature=0, max_output_tokens=8,
+                                          stream=True))  # fmt: skip
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == greedy[0]
     assert events[-1].type == "response.incomplete"
     server.wait_idle()

@@ -62,7 +62,8 @@ def test_include_stop_str_and_skip_special_tokens(service):
 
 def test_truncate_prompt_tokens_keeps_the_last_tokens(service):
     full, _ = run(service, Job(GREEDY, prompt="one two three four five six seven eight nine ten"))
-    cut, _ = run(service, Job(GREEDY, prompt="one two three four five six seven eight nine ten", truncate_prompt_tokens=3))
+    cut, _ = run(service, Job(GREEDY, prompt="one two three four five six seven eight nine ten",
+                              truncate_prompt_tokens=3))
     ids, _ = run(service, Job(GREEDY, prompt=[1, 2, 3, 4, 5, 6], truncate_prompt_tokens=2))
     assert full["usage"]["prompt_tokens"] > 3 and cut["usage"]["prompt_tokens"] == 3
     assert ids["usage"]["prompt_tokens"] == 2
@@ -85,7 +86,8 @@ def test_generation_prompt_and_continuing_the_final_message(service):
 
 def test_chat_template_kwargs_reach_the_template(service):
     tokenizer = service.wait_ready(0).tokenizer
-    template, tokenizer.chat_template = tokenizer.chat_template, "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    custom = "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    template, tokenizer.chat_template = tokenizer.chat_template, custom
     try:
         assert tokenizer.decode(encode_chat(tokenizer, ASK, greeting="Ahoy ")) == "Ahoy Say hi."
     finally:
