@@ -151,13 +151,19 @@ class LLM:
         return [finished[r] for r in request_ids]
 
 
-def encode_chat(tokenizer, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of a conversation rendered through the model's chat template."""
+def encode_chat(tokenizer, messages: Messages, add_generation_prompt: bool = True, continue_final_message: bool = False,
+                **template_kwargs: object) -> list[int]:
+    """Token ids of a conversation rendered through the model's chat template. `continue_final_message`
+    leaves the last message open (no end-of-turn), so generation continues it (vLLM's assistant prefill);
+    `template_kwargs` are extra variables for the template (vLLM's `chat_template_kwargs`)."""
     if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     if tokenizer.chat_template is None:
         raise ValueError("this model has no chat template; use generate() with a plain prompt")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        continue_final_message=continue_final_message, **template_kwargs)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)

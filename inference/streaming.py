@@ -165,15 +165,18 @@ class StreamingEngine:
         messages: list[dict] | None = None,
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
+        chat_options: dict | None = None,
     ) -> RequestStream:
         """Queue a request; raises ValueError (and changes nothing) if it is invalid.
 
-        A `lora_request`'s adapter is loaded (and checked) here, in the caller's thread.
+        A `lora_request`'s adapter is loaded (and checked) here, in the caller's thread. `chat_options` are
+        `encode_chat`'s keyword arguments for `messages` (add_generation_prompt, template variables...).
         """
         request_id = request_id or uuid.uuid4().hex
         with self._tokenizer_lock:
             if messages is not None:
-                prompt = {"prompt_token_ids": encode_chat(self.tokenizer, messages), "prompt": None}
+                ids = encode_chat(self.tokenizer, messages, **(chat_options or {}))
+                prompt = {"prompt_token_ids": ids, "prompt": None}
             elif isinstance(prompt, list):
                 prompt = {"prompt_token_ids": prompt}
             elif isinstance(prompt, str):
@@ -227,9 +230,14 @@ class StreamingEngine:
         """The latest figures, refreshed by the loop after every step (a consistent snapshot)."""
         return self._metrics
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], **chat_options: object) -> list[int]:
         with self._tokenizer_lock:
-            return encode_chat(self.tokenizer, messages)
+            return encode_chat(self.tokenizer, messages, **chat_options)
+
+    def encode(self, text: str) -> list[int]:
+        """A plain prompt's token ids, as `add_request` tokenises it."""
+        with self._tokenizer_lock:
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
     # --- loop thread ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from playground.api import views as api_views
 from playground.chat import views as chat_views
 from playground.serving.web import views as serving_views
 
@@ -14,6 +15,8 @@ urlpatterns = [
     path("healthz", serving_views.healthz, name="healthz"),
     path("", include("playground.dashboard.urls")),  # /memory/ and /metrics
     path("v1/", include("playground.api.urls")),
+    path("health", api_views.health, name="api-health"),  # vLLM's probes, outside /v1 as vLLM has them
+    path("version", api_views.version, name="api-version"),
     path("account/", include("playground.accounts.urls")),
     path("demo/", include("playground.demo.urls")),
     path("lab/", include("playground.lab.urls")),

@@ -22,12 +22,10 @@ WEB_STACK = {"django", "celery", "kombu", "channels", "channels_redis", "daphne"
 WORKER_ONLY = {"torch", "triton", "transformers", "inference", "kernels", "playground.serving.worker"}
 
 # Modules that deliberately run the web side and a worker in one process (the embedded mode and the commands
-# that start it) or measure the engine (benchmarks); playground/serving/__init__.py describes the layout.
+# that start it); the benchmarks live outside playground (bench/). playground/serving/__init__.py describes the layout.
 BOTH_SIDES = {
     "playground.serving.embedded",
-    "playground.serving.tools",
     "playground.serving.management.commands.playground",
-    "playground.serving.management.commands.bench_ws",
 }
 
 

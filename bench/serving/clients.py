@@ -24,6 +24,7 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 
+from playground.serving.shared.envelope import Job
 from playground.serving.worker.engine_service import EngineService
 
 TOPICS = (
@@ -52,7 +53,7 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
     counts: list[int] = []
 
     def drain(chat: list[dict]) -> None:
-        stream = service.submit(uuid.uuid4().hex, chat, params)
+        stream = service.submit(uuid.uuid4().hex, Job(params, chat))
         while stream.get() is not None:
             pass
         counts.append(sum(len(o.token_ids) for o in stream.final.outputs))

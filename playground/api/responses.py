@@ -78,7 +78,15 @@ class Shape:
             return None
         if self.chat:
             return chat_logprobs(output["logprobs"], self.request.top_logprobs)
-        return completion_logprobs(output["logprobs"], self.request.top_logprobs)
+        return completion_logprobs(output["logprobs"], self.request.top_logprobs, len(self.echo(output["index"])))
+
+    def echo(self, index: int) -> str:
+        """The text choice `index` starts with (its prompt, with `echo`), before anything generated."""
+        return self.request.echo[index // self.request.params["n"]] if self.request.echo else ""
+
+    @property
+    def num_choices(self) -> int:
+        return self.request.params["n"] * max(1, len(self.request.echo))
 
     # --- whole responses ---------------------------------------------------------------------------
     def completion(self, done: dict[str, Any]) -> dict[str, Any]:
@@ -88,8 +96,10 @@ class Shape:
             reason = FINISH_REASONS.get(output["finish_reason"], output["finish_reason"])
             if self.chat:
                 choice["message"], reason = structured.reply(self.request.structured, output["text"], reason)
+                if self.echo(output["index"]) and isinstance(choice["message"].get("content"), str):
+                    choice["message"]["content"] = self.echo(output["index"]) + choice["message"]["content"]
             else:
-                choice["text"] = output["text"]
+                choice["text"] = self.echo(output["index"]) + output["text"]
             choice["logprobs"] = self._logprobs(output)
             choice["finish_reason"] = reason
             choices.append(choice)
@@ -118,8 +128,10 @@ class Shape:
         return self.request.structured is None or not self.request.structured.tool_replies
 
     def first_chunks(self) -> list[dict[str, Any]]:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
-        return [self.chunk(i, "", role=True) for i in range(self.request.params["n"])] if self.chat else []
+        """Chat streams open each choice with the assistant role, as OpenAI's do; an echoed text comes first."""
+        if self.chat:
+            return [self.chunk(i, self.echo(i), role=True) for i in range(self.num_choices)]
+        return [self.chunk(i, self.echo(i)) for i in range(self.num_choices) if self.echo(i)]
 
     def final_chunks(self, done: dict[str, Any], sent: dict[int, str]) -> list[dict[str, Any]]:
         """One closing chunk per choice: any text the deltas missed, its logprobs, the finish reason. (The

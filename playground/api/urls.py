@@ -6,4 +6,5 @@ urlpatterns = [
     path("models", views.models, name="api-models"),
     path("completions", views.completions, name="api-completions"),
     path("chat/completions", views.chat_completions, name="api-chat-completions"),
+    path("responses", views.responses, name="api-responses"),
 ]

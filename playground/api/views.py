@@ -1,11 +1,14 @@
-"""The OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions (docs/api.md).
+"""The OpenAI-compatible endpoints (docs/api.md): /v1/models, /v1/completions, /v1/chat/completions,
+/v1/responses, and vLLM's /health and /version.
 
 A request is authenticated (API key, or none from a local client where allowed: `auth`), validated (`schema`), admitted under the user's limits
 (`accounts.limits`), and then generated over the same Celery -> engine -> channel-layer path as the chat
 socket, through the same request lifecycle (`serving.web.lifecycle`). The first update is awaited before
 answering, so a request the engine refuses (prompt too long...) gets a 400 even when streaming was asked for.
 """
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -14,16 +17,23 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 
 from playground.accounts import limits, salt
+from playground.serving.shared import registry
 from playground.serving.web import lifecycle, sampling
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, Update
 from playground.serving.web.models import adapter_for, base_model, served_models
 
+from . import response_api
 from .auth import authenticate
+from .batch import Batch, combine, renumber
 from .errors import ApiError
+from .response_api import ResponseShape
 from .responses import Shape, sse
 from .schema import ApiRequest, parse_body, parse_chat, parse_completion
 from .structured import api_message
 
+# Unknown request fields are ignored (vLLM does so too, with a log line); their names come back in this header.
+IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+SERVER_VERSION = "0.1.0"
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "timeout": 504, "server_error": 500}
 
 
@@ -59,98 +69,156 @@ async def models(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         return exc.response()
     base = base_model()
-    # As vLLM lists LoRA adapters: each one a model whose parent is the base model.
-    data = [{"id": name, "object": "model", "created": 0, "owned_by": "paged-playground",
-             "parent": None if name == base else base} for name in served_models()]
+    # As vLLM lists LoRA adapters: each one a model whose parent (and root) is the base model.
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "paged-playground", "root": base,
+             "parent": None if name == base else base, "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}
+            for name in served_models()]  # fmt: skip
     return JsonResponse({"object": "list", "data": data})
+
+
+async def health(request: HttpRequest) -> HttpResponse:
+    """vLLM's liveness probe: 200 (empty) while a GPU worker's engine is ready, 503 otherwise. No key needed."""
+    try:
+        workers = await registry.alive_workers()
+    except Exception:
+        workers = []
+    if any(w.get("state") == "ready" for w in workers):
+        return HttpResponse(status=200)
+    return ApiError(503, "no GPU worker is ready", code="unavailable").response()
+
+
+async def version(request: HttpRequest) -> HttpResponse:
+    """vLLM answers its own version; this server answers its own (no key needed)."""
+    return JsonResponse({"version": SERVER_VERSION})
 
 
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await _complete(request, chat=True)
+    return await _complete(request, "chat")
 
 
 @csrf_exempt
 async def completions(request: HttpRequest) -> HttpResponse:
-    return await _complete(request, chat=False)
+    return await _complete(request, "completions")
 
 
-async def _complete(request: HttpRequest, chat: bool) -> HttpResponse:
+@csrf_exempt
+async def responses(request: HttpRequest) -> HttpResponse:
+    return await _complete(request, "responses")
+
+
+def _parse(endpoint: str, body: dict[str, Any]) -> ApiRequest:
+    caps = settings.PLAYGROUND_LIMITS
+    defaults = sampling.api_defaults(endpoint != "completions", caps)
+    if endpoint == "completions":
+        return parse_completion(body, served_models(), defaults, caps, settings.PLAYGROUND_API["max_prompt_chars"])
+    if endpoint == "chat":
+        return parse_chat(body, served_models(), defaults, caps)
+    chat, ignored = response_api.to_chat(body)
+    return replace(parse_chat(chat, served_models(), defaults, caps), ignored=ignored)
+
+
+async def _complete(request: HttpRequest, endpoint: str) -> HttpResponse:
     if request.method != "POST":
         return _method_not_allowed("POST")
     try:
         caller = await authenticate(request)
         body = _read_body(request)
-        caps = settings.PLAYGROUND_LIMITS
-        defaults = sampling.api_defaults(chat, caps)
-        if chat:
-            api_request = parse_chat(body, served_models(), defaults, caps)
-        else:
-            api_request = parse_completion(body, served_models(), defaults, caps,
-                                           settings.PLAYGROUND_API["max_prompt_chars"])  # fmt: skip
-        generation = await lifecycle.admit(caller.admit)
+        api_request = _parse(endpoint, body)
+        jobs = _jobs(api_request, salt.cache_salt(caller.identity))
+        batch = Batch(await _admit(len(jobs), caller.admit), api_request.params["n"])
     except limits.LimitExceeded as exc:
         headers = {"Retry-After": str(exc.retry_after)}
         return ApiError(429, str(exc), code="rate_limit_exceeded", headers=headers).response()
     except ApiError as exc:
         return exc.response()
 
-    job = Job(params=api_request.params, messages=api_request.messages, prompt=api_request.prompt,
-              cache_salt=salt.cache_salt(caller.identity), adapter=adapter_for(api_request.model))  # fmt: skip
-    shape = Shape(chat, api_request, generation.request_id)
-    updates = generation.updates()
-    try:  # the first update before answering: a request the engine refuses is a 400 even when streaming
-        await generation.start(job)
-        first = await anext(updates)
+    request_id = batch.generations[0].request_id
+    if endpoint == "responses":
+        shape: Shape | ResponseShape = ResponseShape(api_request, request_id, body.get("instructions"))
+    else:
+        shape = Shape(endpoint == "chat", api_request, request_id)
+    try:  # the first updates before answering: a request the engine refuses is a 400 even when streaming
+        firsts = await batch.start(jobs)
     except GenerationFailed as exc:
-        await generation.close()
+        await batch.close()
         return _failure(exc, api_request).response()
     except BaseException:
-        await generation.close()
+        await batch.close()
         raise
     if api_request.stream:
-        response = StreamingHttpResponse(_stream(shape, generation, first, updates), content_type="text/event-stream")
+        events = _stream_response(shape, batch, firsts) if endpoint == "responses" else _stream(shape, batch, firsts)
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # no proxy buffering of the event stream
-        return response
-    async with generation:
-        try:
-            done = first.done or await _last(updates)
-        except GenerationFailed as exc:
-            return _failure(exc, api_request).response()
-    return JsonResponse(shape.completion(done))
+    else:
+        async with batch:
+            try:
+                done = await batch.result(firsts)
+            except GenerationFailed as exc:
+                return _failure(exc, api_request).response()
+        response = JsonResponse(shape.response(done) if endpoint == "responses" else shape.completion(done))
+    if api_request.ignored:
+        response[IGNORED_FIELDS_HEADER] = ", ".join(api_request.ignored)
+    return response
 
 
-async def _last(updates: AsyncIterator[Update]) -> dict[str, Any]:
-    """Skip the text deltas; the done event carries the full texts."""
-    async for update in updates:
-        if update.done is not None:
-            return update.done
-    raise GenerationFailed("the request ended without a result")
+def _jobs(api_request: ApiRequest, cache_salt: str) -> list[Job]:
+    """One envelope per generation: the chat, or each prompt of a completions batch."""
+    common = {"params": api_request.params, "cache_salt": cache_salt, "adapter": adapter_for(api_request.model),
+              **api_request.job_options}  # fmt: skip
+    if api_request.messages is not None:
+        return [Job(messages=api_request.messages, **common)]
+    return [Job(prompt=prompt, **common) for prompt in api_request.prompts]
 
 
-async def _stream(shape: Shape, generation: Generation, first: Update,
-                  updates: AsyncIterator[Update]) -> AsyncIterator[bytes]:  # fmt: skip
-    """Server-sent events: role chunks, text deltas, closing chunks, optional usage, then [DONE]."""
+async def _admit(count: int, take_slot: Callable[[], lifecycle.Slot]) -> list[Generation]:
+    """A concurrency slot per generation (a batch of prompts counts as that many requests), all or none."""
+    generations: list[Generation] = []
+    try:
+        for _ in range(count):
+            generations.append(await lifecycle.admit(take_slot))
+    except BaseException:
+        await asyncio.gather(*(g.close() for g in generations))
+        raise
+    return generations
+
+
+async def _stream(shape: Shape, batch: Batch, firsts: list[Update]) -> AsyncIterator[bytes]:
+    """Server-sent events: opening chunks, text deltas, each choice's closing chunk, optional usage, [DONE]."""
     sent: dict[int, str] = {}
-    async with generation:
+    dones: dict[int, dict[str, Any]] = {}
+    async with batch:
         try:
             for chunk in shape.first_chunks():
                 yield sse(chunk)
-            update = first
-            while True:
+            async for k, update in batch.updates(firsts):
                 for piece in update.chunks if shape.streams_text else []:
-                    sent[piece["index"]] = sent.get(piece["index"], "") + piece["text"]
-                    yield sse(shape.chunk(piece["index"], piece["text"]))
+                    index = k * batch.n + piece["index"]
+                    sent[index] = sent.get(index, "") + piece["text"]
+                    yield sse(shape.chunk(index, piece["text"]))
                 if update.done is not None:
-                    for chunk in shape.final_chunks(update.done, sent):
+                    dones[k] = renumber(update.done, k, batch.n)
+                    for chunk in shape.final_chunks(dones[k], sent):
                         yield sse(chunk)
-                    if shape.request.include_usage:
-                        yield sse(shape.usage_chunk(update.done))
-                    break
-                update = await anext(updates)
+            if shape.request.include_usage:
+                yield sse(shape.usage_chunk(combine([dones[k] for k in sorted(dones)])))
         except GenerationFailed as exc:
             yield sse(_failure(exc, shape.request).body())
-        except StopAsyncIteration:
-            yield sse(ApiError(500, "the request ended without a result").body())
     yield sse("[DONE]")
+
+
+async def _stream_response(shape: ResponseShape, batch: Batch, firsts: list[Update]) -> AsyncIterator[bytes]:
+    """The Responses API's events: created, in progress, the text deltas, the closing events (no [DONE])."""
+    async with batch:
+        try:
+            for event in shape.opening():
+                yield event
+            async for _, update in batch.updates(firsts):
+                for piece in update.chunks:
+                    yield shape.delta(piece["text"])
+                if update.done is not None:
+                    for event in shape.closing(update.done):
+                        yield event
+        except GenerationFailed as exc:
+            yield shape.failure(_failure(exc, shape.request).body())

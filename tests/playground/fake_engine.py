@@ -59,17 +59,15 @@ class FakeStreamingEngine:
     def start(self) -> None:
         pass
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """A chat template of its own: MESSAGE_OVERHEAD tokens per message, one token per character."""
-        return [0] * sum(MESSAGE_OVERHEAD + len(m["content"]) for m in messages)
-
     def shutdown(self) -> None:
         for stop in list(self.live.values()):
             stop.set()
 
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
-                    lora_request=None):
+                    lora_request=None, chat_options=None):
         last = messages[-1]["content"] if messages is not None else prompt
+        if isinstance(last, list):  # token ids: answered as their text
+            last = " ".join(map(str, last))
         if self.error is not None:
             raise EngineDeadError(self.error)
         if last.startswith("REJECT"):
@@ -77,7 +75,7 @@ class FakeStreamingEngine:
         if last.startswith("SLOW"):  # a slow admission: a long prompt to tokenise, an adapter read from disk
             time.sleep(self.slow_admission_s)
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params,
-                              "lora_request": lora_request})
+                              "lora_request": lora_request, "prompt": prompt, "chat_options": chat_options})
         stream = FakeStream(request_id)
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
@@ -116,6 +114,14 @@ class FakeStreamingEngine:
         stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0)
         self.live.pop(stream.request_id, None)
         stream.put(None)
+
+    def encode(self, text: str) -> list[int]:
+        """One token per character, as the replies are."""
+        return [ord(c) % 1000 for c in text]
+
+    def encode_chat(self, messages: list[dict], **chat_options) -> list[int]:
+        """A chat template of its own: MESSAGE_OVERHEAD tokens around each message, one token per character."""
+        return [t for m in messages for t in [0] * MESSAGE_OVERHEAD + self.encode(m["content"])]
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

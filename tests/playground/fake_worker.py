@@ -5,12 +5,14 @@ embedded mode (its sends go through the test's event loop; each "Celery task" is
 """
 import asyncio
 import contextlib
+import json
 import threading
 
 from channels.testing import WebsocketCommunicator
 from fake_engine import FakeStreamingEngine
 
 from playground.asgi import application
+from playground.serving.shared.envelope import Job
 from playground.serving.shared.naming import GPU_QUEUE
 from playground.serving.web import dispatch
 from playground.serving.worker.bridge import LoopBridge
@@ -33,12 +35,12 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lor
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []
 
-    def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None,
-               fit_window=False):
-        submitted.append({"request_id": request_id, "preferred_worker": preferred_worker, "adapter": adapter,
-                          "fit_window": fit_window})
-        tasks.append(threading.Thread(target=runtime.serve, daemon=True,
-                                      args=(request_id, messages, params, cache_salt, prompt, adapter, fit_window)))
+    def submit(request_id, job):
+        submitted.append({"request_id": request_id, "preferred_worker": job.preferred_worker, "adapter": job.adapter,
+                          "fit_window": job.fit_window, "job": job})
+        # Through the task's JSON, as Celery carries it.
+        task = Job.from_task(json.loads(json.dumps(job.to_task())))
+        tasks.append(threading.Thread(target=runtime.serve, daemon=True, args=(request_id, task)))
         tasks[-1].start()
         return GPU_QUEUE
 

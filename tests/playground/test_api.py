@@ -221,3 +221,30 @@ def test_openai_client_tool_call_round_trip(client, server):
                                             temperature=0, max_tokens=24)  # fmt: skip
     assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
     server.wait_idle()
+
+
+def test_openai_client_vllm_fields_batches_and_the_responses_api(client, server, greedy):
+    """vLLM's extras in `extra_body` change the real model's output; batch prompts; the Responses API."""
+    short = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=64)
+    natural = short.usage.completion_tokens
+    assert short.choices[0].finish_reason == "stop"
+    longer = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=64,
+                                            extra_body={"min_tokens": natural + 4})  # fmt: skip
+    assert longer.usage.completion_tokens >= natural + 4
+    forced = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=natural + 6,
+                                            extra_body={"ignore_eos": True})  # fmt: skip
+    assert forced.usage.completion_tokens == natural + 6
+    batch = client.completions.create(model=MODEL, prompt=[PROMPT, PROMPT], temperature=0, max_tokens=8)
+    assert [c.text for c in batch.choices] == [greedy[1], greedy[1]] and [c.index for c in batch.choices] == [0, 1]
+    streamed = list(client.completions.create(model=MODEL, prompt=[PROMPT], temperature=0, max_tokens=8,
+                                              stream=True))  # fmt: skip
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == greedy[1]
+    reply = client.responses.create(model=MODEL, input=CHAT[1]["content"], instructions=CHAT[0]["content"],
+                                    temperature=0, max_output_tokens=8)  # fmt: skip
+    assert reply.output_text == greedy[0] and reply.status == "incomplete"
+    events = list(client.responses.create(model=MODEL, input=CHAT[1]["content"],
+                                          instructions=CHAT[0]["content"], temperature=0, max_output_tokens=8,
+                                          stream=True))  # fmt: skip
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == greedy[0]
+    assert events[-1].type == "response.incomplete"
+    server.wait_idle()

@@ -36,14 +36,14 @@ def test_chat_maps_openai_fields_onto_sampling_params():
     assert request.params["stop"] == ["\n"] and request.params["seed"] == 3 and request.params["logprobs"] == 2
     assert request.params["presence_penalty"] == 0.5 and request.params["frequency_penalty"] == -0.5
     assert request.stream and request.include_usage and request.top_logprobs == 2
-    assert request.messages == CHAT and request.prompt is None
+    assert request.messages == CHAT and request.prompts is None
 
 
 def test_chat_defaults_and_content_parts():
     request = chat(messages=[{"role": "developer", "content": "Be terse."},
                              {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
                               "name": "x"}])  # fmt: skip
-    assert request.messages == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "ab"}]
+    assert request.messages == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "ab", "name": "x"}]
     assert request.params["temperature"] == 1.0 and request.params["logprobs"] is None
     assert not request.stream and request.top_logprobs is None
 
@@ -80,11 +80,12 @@ def test_unknown_model_is_404_and_missing_model_400():
 
 
 def test_completion_prompt_rules():
-    assert completion(prompt=["one"]).prompt == "one"
+    assert completion(prompt=["one"]).prompts == ["one"]
     assert completion().params["max_tokens"] == DEFAULTS["max_tokens"]
     assert completion(logprobs=3).top_logprobs == 3
-    for body, param in [({"prompt": ""}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x" * 101}, "prompt"),
-                        ({"echo": True}, "echo"), ({"suffix": "!"}, "suffix"), ({"best_of": 3}, "best_of"),
+    for body, param in [({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": "x" * 101}, "prompt"),
+                        ({"prompt": [[1, 2], [-1]]}, "prompt"), ({"prompt": ["a", [1], None]}, "prompt"),
+                        ({"prompt": [[1]], "echo": True}, "echo"), ({"suffix": "!"}, "suffix"), ({"best_of": 3}, "best_of"),
                         ({"logprobs": 6}, "logprobs")]:  # fmt: skip
         assert refused(completion, **body).param == param
 

@@ -238,8 +238,7 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
                 f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
-        def submit(request_id, messages, params, preferred_worker="", cache_salt=None, prompt=None, adapter=None,
-                   fit_window=False):
+        def submit(request_id, job):
             asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
             return GPU_QUEUE
 

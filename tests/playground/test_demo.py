@@ -29,9 +29,9 @@ async def demo_worker(monkeypatch, delay: float = 0.002):
         chat_submit = dispatch.submit
         engine.salts = []  # the cache salt of every request, in order
 
-        def submit(request_id, messages, params, preferred="", salt=None, prompt=None, adapter=None, fit_window=False):
-            engine.salts.append(salt)
-            return chat_submit(request_id, messages, params, preferred, salt)
+        def submit(request_id, job):
+            engine.salts.append(job.cache_salt)
+            return chat_submit(request_id, job)
 
         monkeypatch.setattr(dispatch, "submit", submit)
         try:

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from playground.api.errors import ApiError
 from playground.accounts.models import ApiKey
-from playground.api.schema import parse_body, parse_chat, parse_completion
+from playground.api import response_api
+from playground.api.schema import (DEFAULT_ONLY, EXTRA_SAMPLING, PROMPT_FIELDS, TEMPLATE_FIELDS, parse_body, parse_chat,
+                                   parse_completion)
 from playground.asgi import application
 from playground.chat.protocol import Generate, parse_frame
 from playground.serving.web import sampling
@@ -64,11 +66,16 @@ generate_frames = with_junk(st.fixed_dictionaries(
     optional={"messages": messages, "params": st.one_of(sampling_values, json_values),
               "conversation_id": json_values, "request_id": json_values},
 ))  # fmt: skip
+# vLLM's fields (schema.py) and the Responses API's (response_api.py).
+VLLM_FIELDS = sorted((EXTRA_SAMPLING | set(DEFAULT_ONLY) | PROMPT_FIELDS | TEMPLATE_FIELDS | response_api.FIELDS)
+                     - set(sampling.NAMES) - {"model", "stream", "messages", "prompt", "stream_options", "logprobs", "top_logprobs"}
+                     | {"best_of"})  # fmt: skip
 api_bodies = with_junk(st.fixed_dictionaries(
     {"model": st.sampled_from([MODEL, "other"])},
     optional={"messages": messages, "prompt": st.one_of(text, json_values), "stream": json_values,
               "stream_options": json_values, "logprobs": json_values, "top_logprobs": json_values,
-              "max_completion_tokens": json_values, **{name: json_values for name in sampling.NAMES}},
+              "max_completion_tokens": json_values, **{name: json_values for name in sampling.NAMES},
+              **{name: json_values for name in VLLM_FIELDS}},
 ))  # fmt: skip
 
 
@@ -79,10 +86,17 @@ good_messages = st.builds(lambda first, last: first + [{"role": "user", "content
 good_sampling = {"temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1), "top_k": st.integers(-1, 50),
                  "max_tokens": st.integers(1, 8), "n": st.integers(1, 2), "seed": st.integers(0, 2**32),
                  "stop": st.lists(words, max_size=2)}  # fmt: skip
+good_extras = {"min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(), "stop_token_ids": st.lists(st.integers(0, 50), max_size=2),
+               "skip_special_tokens": st.booleans(), "include_stop_str_in_output": st.booleans(),
+               "truncate_prompt_tokens": st.integers(1, 8), "echo": st.booleans(), "stream": st.booleans()}
+prompts = st.one_of(words, st.lists(st.one_of(words, st.lists(st.integers(0, 1000), min_size=1, max_size=4)), min_size=1,
+                                    max_size=3))
 valid_bodies = st.one_of(
     st.fixed_dictionaries({"model": st.just(MODEL), "messages": good_messages},
-                          optional={**good_sampling, "stream": st.booleans()}),
-    st.fixed_dictionaries({"model": st.just(MODEL), "prompt": words}, optional={**good_sampling, "stream": st.booleans()}),
+                          optional={**good_sampling, **good_extras, "add_generation_prompt": st.booleans()}),
+    st.fixed_dictionaries({"model": st.just(MODEL), "prompt": prompts}, optional={**good_sampling, **good_extras}),
+    st.fixed_dictionaries({"model": st.just(MODEL), "input": st.one_of(words, good_messages)},
+                          optional={"instructions": words, "max_output_tokens": st.integers(1, 8), "stream": st.booleans()}),
 )  # fmt: skip
 valid_frames = st.fixed_dictionaries({"type": st.just("generate"), "messages": good_messages},
                                      optional={"params": st.fixed_dictionaries({}, optional=good_sampling)})
@@ -147,19 +161,21 @@ def test_socket_parser_fuzz(capsys):
     assert sum(outcomes.values()) >= CASES and outcomes["accepted"] and outcomes["refused"]
 
 
-@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
-def test_api_parser_fuzz(capsys, chat):
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "responses"])
+def test_api_parser_fuzz(capsys, endpoint):
     outcomes = {"accepted": 0, "refused": 0}
     bodies = st.one_of(valid_bodies.map(json.dumps), raw_frames).map(lambda s: s.encode("utf-8", "surrogatepass"))
 
     def parse(raw: bytes):
         body = parse_body(raw, LIMITS, settings.PLAYGROUND_API["max_body_bytes"])
-        defaults = sampling.api_defaults(chat, LIMITS)
-        if chat:
+        defaults = sampling.api_defaults(endpoint != "completions", LIMITS)
+        if endpoint == "chat":
             return parse_chat(body, [MODEL], defaults, LIMITS)
+        if endpoint == "responses":
+            return parse_chat(response_api.to_chat(body)[0], [MODEL], defaults, LIMITS)
         return parse_completion(body, [MODEL], defaults, LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
 
-    @fuzz(CASES // 2)
+    @fuzz(CASES // 3)
     @given(raw=bodies)
     def case(raw: bytes) -> None:
         try:
@@ -169,11 +185,15 @@ def test_api_parser_fuzz(capsys, chat):
             outcomes["refused"] += 1
             return
         outcomes["accepted"] += 1
-        storable([request.messages, request.prompt, request.params])
+        storable([request.messages, request.prompts, request.params, request.job_options, request.echo])
 
     case()
-    report(capsys, f"API {'chat' if chat else 'completions'} bodies", outcomes)
-    assert sum(outcomes.values()) >= CASES // 2 and outcomes["accepted"] and outcomes["refused"]
+    report(capsys, f"API {endpoint} bodies", outcomes)
+    assert sum(outcomes.values()) >= CASES // 3 and outcomes["accepted"] and outcomes["refused"]
+
+
+async def get(path: str, secret: str) -> int:
+    return (await AsyncClient().get(path, headers={"Authorization": f"Bearer {secret}"})).status_code
 
 
 @pytest.mark.django_db(transaction=True)
@@ -188,7 +208,7 @@ def test_the_asgi_application_never_answers_500(monkeypatch, capsys):
             ws = WebsocketCommunicator(application, "/ws/chat/", headers=[ORIGIN])
             assert (await ws.connect(timeout=5))[0]
             for raw in inputs:
-                for path in ("/v1/chat/completions", "/v1/completions"):
+                for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                     response = await client.post(path, raw.encode("utf-8", "surrogatepass"),
                                                  content_type="application/json",
                                                  headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
@@ -217,6 +237,9 @@ def test_the_asgi_application_never_answers_500(monkeypatch, capsys):
 
     collect()
     asyncio.run(scenario(inputs))
-    report(capsys, "ASGI (API bodies, twice each, and socket frames)",
+    for path in ("/health", "/version", "/v1/models"):
+        status = asyncio.run(get(path, secret))
+        statuses[status] = statuses.get(status, 0) + 1
+    report(capsys, "ASGI (API bodies, thrice each, and socket frames)",
            {f"http {k}": v for k, v in statuses.items()} | {f"ws {k}": v for k, v in frames.items()})
     assert 500 not in statuses and all(status < 500 for status in statuses)

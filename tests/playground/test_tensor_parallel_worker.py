@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from playground.serving.shared.envelope import Job
 from playground.serving.worker.bridge import LoopBridge
 from playground.serving.worker.engine_service import EngineService, EngineUnavailable
 from playground.serving.worker.runtime import WorkerRuntime
@@ -54,7 +55,7 @@ def test_a_dead_rank_turns_the_heartbeat_unhealthy(tmp_path):
         beat = runtime.heartbeat()
         assert beat["state"] == "failed" and "tensor-parallel rank 1" in beat["health"]["error"]
         with pytest.raises(EngineUnavailable, match="rank 1"):
-            service.submit("after-the-fault", None, {"max_tokens": 4}, prompt="Hi")
+            service.submit("after-the-fault", Job({"max_tokens": 4}, prompt="Hi"))
     finally:
         service.shutdown()
         bridge.stop()

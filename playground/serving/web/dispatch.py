@@ -2,13 +2,12 @@
 
 Never imports the engine: the web process only talks to Celery and the channel layer.
 """
-from typing import Any
-
 from channels.layers import get_channel_layer
 
 from playground.celery import app as celery_app
 
 from ..shared import registry
+from ..shared.envelope import Job
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, TASK_NAME, worker_queue
 
 
@@ -23,27 +22,11 @@ def choose_queue(preferred_worker: str) -> str:
     return worker_queue(preferred_worker)
 
 
-def submit(
-    request_id: str,
-    messages: list[dict[str, str]] | None,
-    params: dict[str, Any],
-    preferred_worker: str = "",
-    cache_salt: str | None = None,
-    prompt: str | None = None,
-    adapter: str | None = None,
-    fit_window: bool = False,
-) -> str:
-    """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to.
-    `messages` is None for a plain-text `prompt` (completions); `adapter` names a LoRA adapter (None: base)."""
-    queue = choose_queue(preferred_worker)
-    kwargs = {"request_id": request_id, "messages": messages, "params": params, "cache_salt": cache_salt}
-    if prompt is not None:
-        kwargs["prompt"] = prompt
-    if adapter is not None:
-        kwargs["adapter"] = adapter
-    if fit_window:
-        kwargs["fit_window"] = True
-    celery_app.send_task(TASK_NAME, kwargs=kwargs, queue=queue, task_id=request_id)  # Celery's log lines name it too
+def submit(request_id: str, job: Job) -> str:
+    """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to."""
+    queue = choose_queue(job.preferred_worker)
+    celery_app.send_task(TASK_NAME, kwargs={"request_id": request_id, "job": job.to_task()}, queue=queue,
+                         task_id=request_id)  # Celery's log lines name it too
     return queue
 
 

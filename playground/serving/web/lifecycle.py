@@ -31,6 +31,7 @@ from django.conf import settings
 
 from playground import logs
 
+from ..shared.envelope import Job
 from ..shared.naming import WEB_CHANNEL_PREFIX, request_group
 from ..shared.retry import once_more
 from . import dispatch, liveness
@@ -67,23 +68,6 @@ class _NoSlot:
 
     def record(self, tokens: int) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Job:
-    """One generation: a chat transcript (`messages`) or a plain `prompt`, with SamplingParams kwargs."""
-
-    params: dict[str, Any]
-    messages: list[dict[str, str]] | None = None
-    prompt: str | None = None
-    cache_salt: str | None = None
-    preferred_worker: str = ""
-    adapter: str | None = None  # a LoRA adapter of PLAYGROUND_LORA_MODULES; None: the base model
-    fit_window: bool = False  # drop the oldest turns that do not fit the window (the chat page), not refuse
-
-    def __post_init__(self) -> None:
-        if (self.messages is None) == (self.prompt is None):
-            raise ValueError("a Job needs exactly one of messages and prompt")
 
 
 Chunk = dict[str, Any]  # {"index", "seq", "text"}
@@ -203,10 +187,7 @@ class Generation:
             raise GenerationFailed("the server lost its channel layer (Redis); try again", "unavailable") from exc
         self._receiver = asyncio.create_task(self._receive())
         try:
-            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
-                self.request_id, job.messages, job.params, job.preferred_worker, job.cache_salt, job.prompt,
-                job.adapter, job.fit_window,
-            )
+            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(self.request_id, job)
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)
             raise GenerationFailed("could not queue the request: the task broker is unavailable",

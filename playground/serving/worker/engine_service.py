@@ -11,6 +11,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..shared.envelope import Job
+
 if TYPE_CHECKING:
     from inference import RequestOutput, RequestStream, StreamingEngine
 
@@ -94,39 +96,41 @@ class EngineService:
             engine.shutdown()
 
     # --- requests ---------------------------------------------------------------------------------
-    def submit(
-        self,
-        request_id: str,
-        messages: list[dict[str, str]] | None,
-        params: dict[str, Any],
-        cache_salt: str | None = None,
-        prompt: str | None = None,
-        adapter: str | None = None,
-        fit_window: bool = False,
-    ) -> RequestStream:
-        """Queue a chat request (`messages`) or a plain completion (`prompt`, when `messages` is None), under
-        the LoRA `adapter` of that name (None: the base model); raises ValueError (nothing queued) when the
-        engine refuses it (a bad or unknown adapter too), EngineUnavailable when it cannot serve.
-        `fit_window` (the chat page): drop the oldest turns that do not fit the context window (context_window.py)
-        and report it in the `done` payload's `context`; without it a transcript too long is refused."""
+    def submit(self, request_id: str, job: Job) -> RequestStream:
+        """Queue one request envelope: a chat (`job.messages`, rendered with the job's chat-template options)
+        or a plain completion (`job.prompt`, text or token ids), under the job's LoRA adapter; raises ValueError
+        (nothing queued) when the engine refuses it (a bad or unknown adapter too), EngineUnavailable when it
+        cannot serve. With `job.fit_window` (the chat page) the oldest turns that do not fit the context window
+        are dropped (context_window.py) and reported in the `done` payload's `context`; without it a transcript
+        too long is refused."""
         from inference import EngineDeadError, LoRARequest, SamplingParams
 
         engine = self.wait_ready(0)
-        fitted = None
-        if fit_window and messages is not None:
-            fitted = fit_conversation(messages, params.get("max_tokens") or 1, engine.engine.max_model_len,  # None: 1
-                                      engine.encode_chat)
-            messages = fitted.messages
         lora_request = None
-        if adapter is not None:
-            if adapter not in self._lora_modules:
-                raise ValueError(f"unknown LoRA adapter {adapter!r}")
+        if job.adapter is not None:
+            if job.adapter not in self._lora_modules:
+                raise ValueError(f"unknown LoRA adapter {job.adapter!r}")
             # Ids follow PLAYGROUND_LORA_MODULES's order, so every worker gives a name the same id.
-            lora_request = LoRARequest(adapter, list(self._lora_modules).index(adapter) + 1,
-                                       self._lora_modules[adapter])
+            lora_request = LoRARequest(job.adapter, list(self._lora_modules).index(job.adapter) + 1,
+                                       self._lora_modules[job.adapter])  # fmt: skip
+        chat_options = {"add_generation_prompt": job.add_generation_prompt,
+                        "continue_final_message": job.continue_final_message, **job.chat_template_kwargs}
+        prompt, messages = job.prompt, job.messages
+        fitted = None
+        if job.fit_window and messages is not None:
+            fitted = fit_conversation(messages, job.params.get("max_tokens") or 1, engine.engine.max_model_len,
+                                      lambda turns: engine.encode_chat(turns, **chat_options))  # fmt: skip
+            messages = fitted.messages
+        if job.truncate_prompt_tokens is not None:  # vLLM's meaning: keep the prompt's last k tokens
+            if messages is not None:
+                prompt, messages = engine.encode_chat(messages, **chat_options), None
+            elif isinstance(prompt, str):
+                prompt = engine.encode(prompt)
+            prompt = prompt[-job.truncate_prompt_tokens:]
         try:
-            stream = engine.add_request(prompt, SamplingParams(**params), request_id=request_id, messages=messages,
-                                        cache_salt=cache_salt, lora_request=lora_request)
+            stream = engine.add_request(prompt, SamplingParams(**job.params), request_id=request_id, messages=messages,
+                                        cache_salt=job.cache_salt, lora_request=lora_request,
+                                        chat_options=chat_options)  # fmt: skip
         except EngineDeadError as exc:  # the loop died since wait_ready looked
             raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
         if fitted is not None:

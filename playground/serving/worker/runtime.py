@@ -32,6 +32,7 @@ from django.conf import settings
 from playground import logs
 
 from ..shared import registry
+from ..shared.envelope import Job
 from .bridge import LoopBridge
 from .coalesce import SEND_TIMEOUT_S, TokenPublisher
 from .drain import Drain
@@ -191,16 +192,7 @@ class WorkerRuntime:
         if live:
             self.service.abort(request_id)
 
-    def serve(
-        self,
-        request_id: str,
-        messages: list[dict[str, str]] | None,
-        params: dict[str, Any],
-        cache_salt: str | None,
-        prompt: str | None = None,
-        adapter: str | None = None,
-        fit_window: bool = False,
-    ) -> None:
+    def serve(self, request_id: str, job: Job) -> None:
         """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
         a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
         group = request_group(request_id)
@@ -215,24 +207,22 @@ class WorkerRuntime:
             self._serving.add(request_id)
         try:
             send({"type": "gen.accepted", "worker": self.name})
-            self._run(request_id, messages, params, cache_salt, prompt, adapter, fit_window, send)
+            self._run(request_id, job, send)
         finally:
             with self._lock:
                 self._serving.discard(request_id)
             logs.request_id.reset(bound)
 
-    def _run(self, request_id: str, messages: list[dict[str, str]] | None, params: dict[str, Any],
-             cache_salt: str | None, prompt: str | None, adapter: str | None, fit_window: bool,
-             send: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
+    def _run(self, request_id: str, job: Job, send: Callable[[dict[str, Any]], None]) -> None:
         try:
             self.service.wait_ready(LOAD_TIMEOUT_S)
             with self._lock:
                 aborted = self._early_aborts.pop(request_id, None) is not None
             if aborted:
-                self._finish(request_id, aborted_before_start(params["n"]), send)
+                self._finish(request_id, aborted_before_start(job.params["n"]), send)
                 return
             # Outside the lock: submitting tokenises, may read an adapter from disk and builds a grammar.
-            stream = self.service.submit(request_id, messages, params, cache_salt, prompt, adapter, fit_window)
+            stream = self.service.submit(request_id, job)
             with self._lock:
                 self._live.add(request_id)
                 aborted = self._early_aborts.pop(request_id, None) is not None

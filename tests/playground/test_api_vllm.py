@@ -1,0 +1,190 @@
+"""vLLM's request fields and endpoints over the fake worker (tests/playground/fake_worker.py): batch prompts
+(text and token ids) with vLLM's choice numbering, echo, unknown fields ignored and named in X-Ignored-Fields,
+known-but-unsupported fields refused by name, the fields that reach the engine's SamplingParams and the
+envelope, the Responses API plain and streamed, /health, /version and /v1/models. Behaviour that needs the
+model (min_tokens, ignore_eos...) is in test_api_vllm_engine.py."""
+import asyncio
+import json
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.test import AsyncClient
+from fake_worker import worker
+
+from playground.accounts.models import ApiKey
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MODEL = "smollm2-135m-instruct"
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def headers():
+    _, secret = ApiKey.objects.issue(User.objects.create(username="vllm-client"))
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def post_all(monkeypatch, headers, calls):
+    """Each (path, body) posted in turn over the fake worker; the responses and the engine's requests."""
+    async def scenario():
+        async with worker(monkeypatch) as (engine, submitted):
+            client = AsyncClient()
+            answers = []
+            for path, body in calls:
+                response = await client.post(path, body, content_type="application/json", headers=headers)
+                content = (b"".join([chunk async for chunk in response.streaming_content])
+                           if response.streaming else response.content)  # fmt: skip
+                answers.append((response, content))
+            return answers, engine.requests, submitted
+
+    return asyncio.run(scenario())
+
+
+def events(content: bytes) -> list:
+    return [json.loads(line[6:]) for line in content.decode().splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+
+
+def test_batch_prompts_text_and_token_ids_number_choices_as_vllm(monkeypatch, headers):
+    body = {"model": MODEL, "prompt": ["ab", "cd"], "n": 2, "max_tokens": 20, "temperature": 0}
+    answers, requests, _ = post_all(monkeypatch, headers, [
+        ("/v1/completions", body),
+        ("/v1/completions", {**body, "prompt": [[5, 6], [7]], "n": 1}),
+        ("/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}),
+    ])  # fmt: skip
+    plain = json.loads(answers[0][1])
+    assert [(c["index"], c["text"]) for c in plain["choices"]] == [(0, "echo0: ab"), (1, "echo1: ab"),
+                                                                    (2, "echo0: cd"), (3, "echo1: cd")]
+    assert plain["usage"]["prompt_tokens"] == 4 and plain["usage"]["completion_tokens"] == 4 * 9
+    ids = json.loads(answers[1][1])
+    assert [c["text"] for c in ids["choices"]] == ["echo0: 5 6", "echo0: 7"]
+    assert sorted(map(str, (r["prompt"] for r in requests[:4]))) == ["[5, 6]", "[7]", "ab", "cd"]  # one per prompt
+    chunks = events(answers[2][1])
+    texts: dict[int, str] = {}
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert texts == {0: "echo0: ab", 1: "echo1: ab", 2: "echo0: cd", 3: "echo1: cd"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 36
+
+
+def test_echo_prefixes_the_prompt_plain_and_streamed(monkeypatch, headers):
+    body = {"model": MODEL, "prompt": "Say", "echo": True, "max_tokens": 20}
+    answers, _, _ = post_all(monkeypatch, headers, [("/v1/completions", body),
+                                                    ("/v1/completions", {**body, "stream": True})])
+    assert json.loads(answers[0][1])["choices"][0]["text"] == "Sayecho0: Say"
+    assert "".join(c["choices"][0]["text"] for c in events(answers[1][1])) == "Sayecho0: Say"
+
+
+def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
+    answers, requests, _ = post_all(monkeypatch, headers, [
+        ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 3, "frobnicate": 1, "guided_x": {}}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 3}),
+    ])  # fmt: skip
+    assert answers[0][0].status_code == 200 and answers[0][0]["X-Ignored-Fields"] == "frobnicate, guided_x"
+    assert "X-Ignored-Fields" not in answers[1][0]
+    assert len(requests) == 2
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
+    ({"continue_final_message": True}, "continue_final_message"),  # the last message is the user's
+    ({"continue_final_message": True, "add_generation_prompt": True,
+      "messages": [*CHAT, {"role": "assistant", "content": "Sure"}]}, "continue_final_message"),
+    ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
+    ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
+    ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+])  # fmt: skip
+def test_known_but_unsupported_values_are_refused_by_name(monkeypatch, headers, body, param):
+    answers, requests, _ = post_all(monkeypatch, headers,
+                                    [("/v1/chat/completions", {"model": MODEL, "messages": CHAT, **body})])
+    response, content = answers[0]
+    assert response.status_code == 400 and json.loads(content)["error"]["param"] == param
+    assert param.split(".")[0] in json.loads(content)["error"]["message"] or param == "messages"
+    assert requests == []
+
+
+def test_best_of_above_n_is_refused(monkeypatch, headers):
+    answers, requests, _ = post_all(monkeypatch, headers,
+                                    [("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 2})])
+    assert answers[0][0].status_code == 400 and json.loads(answers[0][1])["error"]["param"] == "best_of"
+
+
+def test_vllm_fields_reach_the_engine(monkeypatch, headers):
+    """Each field lands in SamplingParams or the envelope under vLLM's name (their effect: the engine tests)."""
+    answers, requests, submitted = post_all(monkeypatch, headers, [
+        ("/v1/chat/completions", {"model": MODEL, "max_tokens": 8, "min_tokens": 3, "ignore_eos": True,
+                                  "stop_token_ids": [2], "include_stop_str_in_output": True,
+                                  "skip_special_tokens": False, "repetition_penalty": 1.2, "top_k": 5, "min_p": 0.1,
+                                  "seed": 7, "chat_template_kwargs": {"flag": True},
+                                  "messages": [{"role": "developer", "content": "Be brief."},
+                                               {"role": "user", "content": [{"type": "text", "text": "Say "},
+                                                                            {"type": "text", "text": "yes"}],
+                                                "name": "ann"},
+                                               {"role": "assistant", "content": "Yes"}],
+                                  "continue_final_message": True, "echo": True}),
+    ])  # fmt: skip
+    params = requests[0]["params"]
+    assert (params.min_tokens, params.ignore_eos, params.stop_token_ids, params.include_stop_str_in_output,
+            params.skip_special_tokens) == (3, True, [2], True, False)
+    assert (params.repetition_penalty, params.top_k, params.min_p, params.seed) == (1.2, 5, 0.1, 7)
+    job = submitted[0]["job"]
+    assert job.chat_template_kwargs == {"flag": True}
+    assert (job.add_generation_prompt, job.continue_final_message) == (False, True)
+    assert job.messages == [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "Say yes", "name": "ann"},
+                            {"role": "assistant", "content": "Yes"}]
+    # echo with continue_final_message: the reply starts with the message it continues
+    assert json.loads(answers[0][1])["choices"][0]["message"]["content"] == "Yes" + "echo0: Yes"[:8]
+
+
+def test_responses_api_plain_and_streamed(monkeypatch, headers):
+    body = {"model": MODEL, "input": "hello", "instructions": "Be brief.", "max_output_tokens": 4, "store": False}
+    answers, requests, _ = post_all(monkeypatch, headers, [
+        ("/v1/responses", body),
+        ("/v1/responses", {**body, "max_output_tokens": 50, "stream": True,
+                           "input": [{"role": "user", "content": [{"type": "input_text", "text": "yo"}]}]}),
+        ("/v1/responses", {**body, "tools": [{"type": "web_search"}]}),
+        ("/v1/responses", {**body, "previous_response_id": "resp_1"}),
+    ])  # fmt: skip
+    plain = json.loads(answers[0][1])
+    assert plain["object"] == "response" and plain["status"] == "incomplete"
+    assert plain["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert plain["output"][0]["content"][0] == {"type": "output_text", "text": "echo", "annotations": [],
+                                                "logprobs": []}  # fmt: skip
+    assert plain["usage"]["output_tokens"] == 4 and plain["instructions"] == "Be brief."
+    assert requests[0]["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    streamed = events(answers[1][1])
+    kinds = [e["type"] for e in streamed]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert [e["sequence_number"] for e in streamed] == list(range(len(streamed)))
+    deltas = "".join(e["delta"] for e in streamed if e["type"] == "response.output_text.delta")
+    assert deltas == streamed[-1]["response"]["output"][0]["content"][0]["text"] == "echo0: yo"
+    assert [json.loads(a[1])["error"]["param"] for a in answers[2:]] == ["tools", "previous_response_id"]
+
+
+def test_health_version_and_models(monkeypatch, headers, settings):
+    cache.clear()  # no heartbeat left by an earlier test's worker
+
+    async def scenario():
+        client = AsyncClient()
+        before = await client.get("/health")
+        async with worker(monkeypatch):
+            during = await client.get("/health")
+            models = await client.get("/v1/models", headers=headers)
+        return before, during, models, await client.get("/version")
+
+    before, during, models, version = asyncio.run(scenario())
+    assert before.status_code == 503 and during.status_code == 200
+    assert version.json()["version"]
+    card = models.json()["data"][0]
+    assert card["max_model_len"] == settings.PLAYGROUND_ENGINE["max_model_len"] and card["root"] == MODEL
