@@ -65,15 +65,15 @@ def main(argv: list[str] | None = None) -> int:
             recorder = bench.FinalsRecorder(service)
             url = f"http://127.0.0.1:{args.port}"
             who = bench.Clients(f"ws://127.0.0.1:{args.port}/ws/chat/", url, chats[:args.clients], url, api_key,
-                                settings.PLAYGROUND_ENGINE["model"], chats[args.clients:])  # fmt: skip
+                                settings.PLAYGROUND_ENGINE["model"], chats[args.clients:])
             web, results = bench.run_web(who, params)
             wrong = bench.mismatched_texts(results, recorder.finals)
             if wrong:
                 raise RuntimeError(f"{len(wrong)} of {len(results)} delivered texts differ from the engine's")
             delays = {kind: bench.delivery_delays([r for r in results if r.kind == kind], recorder.finals,
-                                                  engine.tokenizer) for kind in ("ws", "api")}  # fmt: skip
+                                                  engine.tokenizer) for kind in ("ws", "api")}
             outcome["report"] = bench.report(args.clients, args.api_clients, args.max_tokens, bare, web, delays,
-                                             settings.PLAYGROUND_COALESCE_MS)  # fmt: skip
+                                             settings.PLAYGROUND_COALESCE_MS)
             outcome["report"] += f"\n\nall {len(results)} delivered texts equal the engine's"
         except Exception as exc:
             outcome["error"] = exc

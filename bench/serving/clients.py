@@ -30,12 +30,12 @@ from playground.serving.worker.engine_service import EngineService
 TOPICS = (
     "the sea", "a lighthouse", "autumn leaves", "a lost key", "mountains", "a city at night", "rain", "a robot",
     "coffee", "the moon", "a library", "trains", "winter", "a garden", "the desert", "a violin",
-)  # fmt: skip
+)
 
 
 def workload(clients: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": f"Write a short poem about {TOPICS[i % len(TOPICS)]}. ({i})"}]
-            for i in range(clients)]  # fmt: skip
+            for i in range(clients)]
 
 
 @dataclass
@@ -113,11 +113,11 @@ async def _api_client(api_url: str, api_key: str, model: str, chat: list[dict], 
     """One streaming client of POST /v1/chat/completions (server-sent events over HTTP/1.1, chunked)."""
     host, _, port = api_url.removeprefix("http://").partition(":")
     body = json.dumps({"model": model, "messages": chat, "stream": True, "stream_options": {"include_usage": True},
-                       **params}).encode()  # fmt: skip
+                       **params}).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {api_key}\r\n"
                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                 + body)  # fmt: skip
+                 + body)
     status = await reader.readline()
     if b" 200 " not in status:
         raise RuntimeError(f"API request failed: {status!r} {await reader.read(500)!r}")
@@ -167,7 +167,7 @@ def _clients(clients: Clients, params: dict) -> tuple[float, list[Delivery]]:
         return await asyncio.gather(
             *(_ws_client(clients.ws_url, clients.origin, chat, params) for chat in clients.ws_chats),
             *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
-        )  # fmt: skip
+        )
 
     start = time.perf_counter()
     results = asyncio.run(everyone())
@@ -212,7 +212,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: Run,
-           delays: dict[str, list[float]], coalesce_ms: int) -> str:  # fmt: skip
+           delays: dict[str, list[float]], coalesce_ms: int) -> str:
     """A markdown table row: throughput of both runs, and the engine-to-client delay per kind of client."""
     ratio = web.tokens_per_s / bare.tokens_per_s
     every = [d for kind in delays.values() for d in kind]
@@ -228,4 +228,4 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {web.tokens_per_s:.1f} ({web.tokens} tok / {web.seconds:.1f} s) | {ratio:.1%} "
         f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
-    ])  # fmt: skip
+    ])

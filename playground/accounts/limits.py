@@ -121,12 +121,12 @@ def admit(who: str, quota: Quota, anonymous_pool: int = 0) -> Admission:
         if quota.max_concurrent_requests:
             _take_slot(f"limits:conc:{who}", quota.max_concurrent_requests,
                        f"too many concurrent requests: at most {quota.max_concurrent_requests} at once; "
-                       "wait for one to finish")  # fmt: skip
+                       "wait for one to finish")
             taken.append(f"limits:conc:{who}")
         if anonymous_pool:
             _take_slot(ANONYMOUS_POOL_KEY, anonymous_pool,
                        f"too many anonymous requests on this server ({anonymous_pool} at once); log in or "
-                       "wait for one to finish")  # fmt: skip
+                       "wait for one to finish")
             taken.append(ANONYMOUS_POOL_KEY)
     except BaseException:
         Admission(who, taken).release()

@@ -39,7 +39,7 @@ async def authenticate(request: HttpRequest) -> Caller:
         if keyless:
             return Caller(None, address)
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (see docs/api.md)",
-                       code="invalid_api_key")  # fmt: skip
+                       code="invalid_api_key")
     key = await sync_to_async(ApiKey.objects.use, thread_sensitive=False)(secret.strip())
     if key is not None:
         return Caller(key.user, address)

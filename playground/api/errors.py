@@ -16,7 +16,7 @@ ERROR_TYPES = {
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -26,7 +26,7 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}  # fmt: skip
+                          "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
         response = JsonResponse(self.body(), status=self.status)

@@ -21,7 +21,7 @@ from .schema import ApiRequest, EXTRA_SAMPLING, IGNORED, SAMPLING
 SHARED = {"model", "stream", "temperature", "top_p", "seed", "stop"} | (SAMPLING - {"max_tokens", "n"}) | EXTRA_SAMPLING
 # Known; accepted only while they ask for nothing beyond text.
 NOTHING_MORE = {"previous_response_id": None, "reasoning": None, "include": [], "tools": [], "truncation": "disabled",
-                "top_logprobs": 0, "tool_choice": "auto", "parallel_tool_calls": True}  # fmt: skip
+                "top_logprobs": 0, "tool_choice": "auto", "parallel_tool_calls": True}
 FIELDS = SHARED | set(NOTHING_MORE) | IGNORED | {"input", "instructions", "max_output_tokens", "text"}
 ROLES = {"user", "assistant", "system", "developer"}
 
@@ -67,7 +67,7 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind not in ("input_text", "output_text", "text") or not isinstance(part.get("text"), str):
                     raise ApiError(400, f"input[{i}].content[{k}]: {kind!r} parts are not supported (text only)",
-                                   param="input")  # fmt: skip
+                                   param="input")
                 parts.append({"type": "text", "text": part["text"]})
             content = parts
         messages.append({"role": item["role"], "content": content})
@@ -94,7 +94,7 @@ class ResponseShape:
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
-                "content": [] if status == "in_progress" else [_text_part(text)]}  # fmt: skip
+                "content": [] if status == "in_progress" else [_text_part(text)]}
 
     def response(self, done: dict[str, Any] | None) -> dict[str, Any]:
         """The response object: in progress (no output yet) while `done` is None, else finished."""
@@ -104,7 +104,7 @@ class ResponseShape:
                 "instructions": self.instructions, "max_output_tokens": params["max_tokens"],
                 "temperature": params["temperature"], "top_p": params["top_p"], "parallel_tool_calls": True,
                 "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}}, "metadata": {},
-                "usage": None}  # fmt: skip
+                "usage": None}
         if done is None:
             return body
         output = done["outputs"][0]
@@ -117,7 +117,7 @@ class ResponseShape:
         body["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                          "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
                          "input_tokens_details": {"cached_tokens": usage["cached_tokens"]},
-                         "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+                         "output_tokens_details": {"reasoning_tokens": 0}}
         return body
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -131,11 +131,11 @@ class ResponseShape:
         return [self.event("response.created", response=self.response(None)),
                 self.event("response.in_progress", response=self.response(None)),
                 self.event("response.output_item.added", output_index=0, item=self._message("", "in_progress")),
-                self.event("response.content_part.added", **where, content_index=0, part=_text_part(""))]  # fmt: skip
+                self.event("response.content_part.added", **where, content_index=0, part=_text_part(""))]
 
     def delta(self, text: str) -> bytes:
         return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
-                          delta=text, logprobs=[])  # fmt: skip
+                          delta=text, logprobs=[])
 
     def closing(self, done: dict[str, Any]) -> list[bytes]:
         text = done["outputs"][0]["text"]
@@ -145,7 +145,7 @@ class ResponseShape:
                 self.event("response.content_part.done", **where, content_index=0, part=_text_part(text)),
                 self.event("response.output_item.done", output_index=0, item=final["output"][0]),
                 self.event("response.completed" if final["status"] == "completed" else "response.incomplete",
-                           response=final)]  # fmt: skip
+                           response=final)]
 
     def failure(self, body: dict[str, Any]) -> bytes:
         return self.event("error", code=body["error"]["code"], message=body["error"]["message"], param=None)

@@ -23,7 +23,7 @@ def chat_logprobs(entries: list[dict[str, Any]], top: int) -> dict[str, Any]:
         "content": [
             {"token": e["token"], "logprob": e["logprob"], "bytes": _bytes(e["token"]),
              "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": _bytes(t["token"])}
-                              for t in e["top"][:top]]}  # fmt: skip
+                              for t in e["top"][:top]]}
             for e in entries
         ]
     }
@@ -71,7 +71,7 @@ class Shape:
 
     def _envelope(self, object_type: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": object_type, "created": self.created, "model": self.request.model,
-                "system_fingerprint": None, "choices": choices}  # fmt: skip
+                "system_fingerprint": None, "choices": choices}
 
     def _logprobs(self, output: dict[str, Any]) -> dict[str, Any] | None:
         if self.request.top_logprobs is None or "logprobs" not in output:
@@ -109,7 +109,7 @@ class Shape:
 
     # --- streaming chunks --------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None,
-              logprobs: dict[str, Any] | None = None, role: bool = False) -> dict[str, Any]:  # fmt: skip
+              logprobs: dict[str, Any] | None = None, role: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}

@@ -28,11 +28,11 @@ IGNORED = {"user", "metadata", "store", "service_tier"}
 EXTRA_SAMPLING = {"min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens"}
 # Known, but honoured only at their default: any other value is a 400 naming the field.
 DEFAULT_ONLY = {"spaces_between_special_tokens": True, "logit_bias": None, "prompt_logprobs": None,
-                "suffix": None}  # fmt: skip
+                "suffix": None}
 PROMPT_FIELDS = {"echo", "truncate_prompt_tokens"}
 TEMPLATE_FIELDS = {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 COMMON = ({"model", "stream", "stream_options", "logprobs"} | SAMPLING | EXTRA_SAMPLING | set(DEFAULT_ONLY)
-          | PROMPT_FIELDS | IGNORED)  # fmt: skip
+          | PROMPT_FIELDS | IGNORED)
 CHAT_FIELDS = COMMON | {"messages", "top_logprobs", "max_completion_tokens"} | TEMPLATE_FIELDS | structured.FIELDS
 COMPLETION_FIELDS = COMMON | {"prompt", "best_of"}
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -119,7 +119,7 @@ def _model(body: Mapping[str, Any], served: Sequence[str]) -> str:
         raise ApiError(400, "model is required (see GET /v1/models)", param="model")
     if model not in served:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {', '.join(served)}",
-                       param="model", code="model_not_found")  # fmt: skip
+                       param="model", code="model_not_found")
     return model
 
 
@@ -131,10 +131,10 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
         raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options")
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise ApiError(400, "stream_options must be an object with include_usage and/or continuous_usage_stats",
-                       param="stream_options")  # fmt: skip
+                       param="stream_options")
     if _bool(options, "continuous_usage_stats"):
         raise ApiError(400, "stream_options.continuous_usage_stats is not supported (the usage comes in the last "
-                       "chunk, with include_usage)", param="stream_options")  # fmt: skip
+                       "chunk, with include_usage)", param="stream_options")
     return _bool(options, "include_usage")
 
 
@@ -152,7 +152,7 @@ def _extra_sampling(body: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
         if (not isinstance(ids, list) or len(ids) > MAX_STOP_TOKEN_IDS
                 or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in ids)):
             raise ApiError(400, f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids",
-                           param="stop_token_ids")  # fmt: skip
+                           param="stop_token_ids")
         extras["stop_token_ids"] = ids
     return extras
 
@@ -198,7 +198,7 @@ def _chat_messages(raw: Any, limits: Mapping[str, int], continue_final: bool) ->
     for i, message in enumerate(raw):
         if not isinstance(message, dict) or set(message) - {"role", "content", "name", "tool_call_id"}:
             raise ApiError(400, f"messages[{i}] must be an object with role, content and optionally name",
-                           param="messages")  # fmt: skip
+                           param="messages")
         role = "system" if message.get("role") == "developer" else message.get("role")
         messages.append({"role": role, "content": _text_content(message.get("content"), i)})
         if isinstance(message.get("name"), str):
@@ -207,7 +207,7 @@ def _chat_messages(raw: Any, limits: Mapping[str, int], continue_final: bool) ->
     if continue_final:
         if messages[-1]["role"] != "assistant" or not isinstance(messages[-1]["content"], str):
             raise ApiError(400, "continue_final_message needs a last message with role 'assistant'",
-                           param="continue_final_message")  # fmt: skip
+                           param="continue_final_message")
         prefill = messages.pop()
         if len(prefill["content"]) > limits["max_message_chars"]:
             raise ApiError(400, "the final assistant message is too long", param="messages")
@@ -229,15 +229,15 @@ def _template_options(body: Mapping[str, Any]) -> dict[str, Any]:
     add = not continue_final if body.get("add_generation_prompt") is None else _bool(body, "add_generation_prompt")
     if add and continue_final:
         raise ApiError(400, "continue_final_message and add_generation_prompt cannot both be true",
-                       param="continue_final_message")  # fmt: skip
+                       param="continue_final_message")
     options: dict[str, Any] = {"add_generation_prompt": add, "continue_final_message": continue_final}
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None:
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
             raise ApiError(400, "chat_template_kwargs must be an object of template variables",
-                           param="chat_template_kwargs")  # fmt: skip
+                           param="chat_template_kwargs")
         reserved = sorted(set(kwargs) & {"messages", "add_generation_prompt", "continue_final_message", "tools",
-                                         "tokenize", "chat_template", "return_dict"})  # fmt: skip
+                                         "tokenize", "chat_template", "return_dict"})
         if reserved:
             raise ApiError(400, f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
         options["chat_template_kwargs"] = kwargs
@@ -261,7 +261,7 @@ def _common(body: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mappin
 
 
 def parse_chat(body: Mapping[str, Any], served_models: Sequence[str], defaults: Mapping[str, Any],
-               limits: Mapping[str, int]) -> ApiRequest:  # fmt: skip
+               limits: Mapping[str, int]) -> ApiRequest:
     """POST /v1/chat/completions."""
     ignored = _known(body, CHAT_FIELDS)
     model = _model(body, served_models)
@@ -275,7 +275,7 @@ def parse_chat(body: Mapping[str, Any], served_models: Sequence[str], defaults: 
     options = _template_options(body)
     wanted = structured.parse(body)
     messages = _chat_messages(structured.plain_messages(body.get("messages")), limits,
-                              options["continue_final_message"])  # fmt: skip
+                              options["continue_final_message"])
     if wanted.constraint is not None:
         params["structured_outputs"] = wanted.constraint
     # vLLM's chat echo: a reply that continues the final assistant message starts with that message.
@@ -300,7 +300,7 @@ def _prompts(raw: Any, max_prompt_chars: int) -> list[Prompt]:
         raw = [raw]
     if not isinstance(raw, list) or not raw:
         raise ApiError(400, "prompt must be a string, a list of token ids, or a non-empty list of either",
-                       param="prompt")  # fmt: skip
+                       param="prompt")
     if len(raw) > MAX_PROMPTS:
         raise ApiError(400, f"at most {MAX_PROMPTS} prompts in one request", param="prompt")
     for prompt in raw:
@@ -316,12 +316,12 @@ def _prompts(raw: Any, max_prompt_chars: int) -> list[Prompt]:
             raise ApiError(400, "prompt must not be empty", param="prompt")
         if size > max_prompt_chars:
             raise ApiError(400, f"prompt is longer than {max_prompt_chars} characters", param="prompt",
-                           code="context_length_exceeded")  # fmt: skip
+                           code="context_length_exceeded")
     return raw
 
 
 def parse_completion(body: Mapping[str, Any], served_models: Sequence[str], defaults: Mapping[str, Any],
-                     limits: Mapping[str, int], max_prompt_chars: int) -> ApiRequest:  # fmt: skip
+                     limits: Mapping[str, int], max_prompt_chars: int) -> ApiRequest:
     """POST /v1/completions: one prompt or a batch of them."""
     ignored = _known(body, COMPLETION_FIELDS)
     model = _model(body, served_models)

@@ -72,7 +72,7 @@ async def models(request: HttpRequest) -> HttpResponse:
     # As vLLM lists LoRA adapters: each one a model whose parent (and root) is the base model.
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "paged-playground", "root": base,
              "parent": None if name == base else base, "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}
-            for name in served_models()]  # fmt: skip
+            for name in served_models()]
     return JsonResponse({"object": "list", "data": data})
 
 
@@ -166,7 +166,7 @@ async def _complete(request: HttpRequest, endpoint: str) -> HttpResponse:
 def _jobs(api_request: ApiRequest, cache_salt: str) -> list[Job]:
     """One envelope per generation: the chat, or each prompt of a completions batch."""
     common = {"params": api_request.params, "cache_salt": cache_salt, "adapter": adapter_for(api_request.model),
-              **api_request.job_options}  # fmt: skip
+              **api_request.job_options}
     if api_request.messages is not None:
         return [Job(messages=api_request.messages, **common)]
     return [Job(prompt=prompt, **common) for prompt in api_request.prompts]

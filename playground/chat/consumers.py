@@ -72,9 +72,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 user, session_key, request.conversation_id, request.messages
             )
             job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                      preferred_worker=conversation.last_worker, adapter=adapter, fit_window=True)  # fmt: skip
+                      preferred_worker=conversation.last_worker, adapter=adapter, fit_window=True)
             await self.send_json({"type": "started", "request_id": generation.request_id,
-                                  "conversation_id": str(conversation.id)})  # fmt: skip
+                                  "conversation_id": str(conversation.id)})
         except BaseException:
             await generation.close()
             raise
@@ -112,7 +112,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         saved = None
         try:
             saved = await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"],
-                                                                   parent_id)  # fmt: skip
+                                                                   parent_id)
         except Exception:
             logger.exception("could not save the reply of %s", request_id)
         # The cache receipt, the prompt's provenance segments and what the window left out are shown live, not
@@ -120,7 +120,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         live = {key: event[key] for key in ("receipt", "prompt_segments", "context") if key in event}
         await self.send_json({"type": "done", "request_id": request_id, "conversation_id": str(conversation_id),
                               "message_id": saved.id if saved else None, "worker": event["worker"], **done,
-                              **live})  # fmt: skip
+                              **live})
 
     async def session_key(self) -> str:
         """The anonymous owner key; a socket without a session yet gets a fresh one."""

@@ -42,12 +42,12 @@ def open_conversation(
         parent = None
         for i, message in enumerate(messages):
             same = [c for c in children.get(parent.id if parent else None, [])
-                    if c.role == message["role"] and c.content == message["content"]]  # fmt: skip
+                    if c.role == message["role"] and c.content == message["content"]]
             if same:
                 parent = next((c for c in same if c.id in shown), same[-1])
             else:
                 parent = Message.objects.create(conversation=conversation, parent=parent, position=i,
-                                                role=message["role"], content=message["content"])  # fmt: skip
+                                                role=message["role"], content=message["content"])
         conversation.leaf = parent
         if not conversation.title:
             first_user = next((m["content"] for m in messages if m["role"] == "user"), "")

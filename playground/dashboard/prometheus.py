@@ -38,7 +38,7 @@ GAUGES = [
     ("playground:weight_bytes_per_rank", "Resident bytes of one rank's shard of the weights.", "weight_bytes_per_rank"),
     ("playground:kv_pool_bytes_per_rank", "Bytes of one rank's share of the KV pool (kv_heads / N of each block).",
      "kv_pool_bytes_per_rank"),
-]  # fmt: skip
+]
 
 # Counters: the exposed sample is the name plus "_total".
 COUNTERS = [
@@ -65,7 +65,7 @@ HISTOGRAMS = [
     ("vllm:request_prefill_time_seconds", "Histogram of time from first scheduled to first token, in seconds.",
      "prefill"),
     ("vllm:request_decode_time_seconds", "Histogram of time from first to last token, in seconds.", "decode"),
-]  # fmt: skip
+]
 
 
 def _bound(value: float) -> str:

@@ -32,7 +32,7 @@ PRESETS: list[dict] = [
     {"name": "Frances", "messages": [{"role": "system", "content": SHARED_SYSTEM},
                                      {"role": "user", "content": "What does a compiler do, step by step?"}]},
     {"name": "John", "messages": [{"role": "user", "content": "Tell me a very short story about a robot who learns to count."}]},
-]  # fmt: skip
+]
 
 
 def preset(i: int) -> dict:

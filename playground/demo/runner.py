@@ -69,7 +69,7 @@ class DemoRunner:
     def _run_info(self) -> dict[str, Any]:
         run = self.run
         return {"run_id": run.run_id, "state": run.state, "started_at": run.started_at, **asdict(run.settings),
-                "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}  # fmt: skip
+                "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}
 
     @property
     def running(self) -> bool:
@@ -120,7 +120,7 @@ class DemoRunner:
 
     async def _chat(self, run: Run, user: SimUser, messages: list[dict[str, str]]) -> None:
         params = {**sampling.defaults(settings.PLAYGROUND_LIMITS), "max_tokens": run.settings.max_tokens,
-                  "seed": user.user}  # fmt: skip
+                  "seed": user.user}
         salt = f"demo:{run.run_id}:{user.user}" if run.settings.cache_salt else None
         try:
             async with await lifecycle.admit() as generation:  # the presenter's simulated users: no limits

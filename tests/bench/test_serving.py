@@ -21,7 +21,7 @@ class CharTokenizer:
 
 def finished(token_ids, token_times):
     return SimpleNamespace(outputs=[SimpleNamespace(token_ids=token_ids)],
-                           metrics=SimpleNamespace(token_times=token_times))  # fmt: skip
+                           metrics=SimpleNamespace(token_times=token_times))
 
 
 def test_each_token_is_timed_to_the_frame_that_completes_its_text():
@@ -40,7 +40,7 @@ def test_report_row():
 
 def test_delivered_texts_are_checked_against_the_engines():
     finals = {"a": SimpleNamespace(outputs=[SimpleNamespace(text="hello")]),
-              "b": SimpleNamespace(outputs=[SimpleNamespace(text="world")])}  # fmt: skip
+              "b": SimpleNamespace(outputs=[SimpleNamespace(text="world")])}
     results = [bench.Delivery("ws", "a", [], 1, "hello"), bench.Delivery("api", "b", [], 1, "worl")]
     assert bench.mismatched_texts(results, finals) == ["b"]
 
@@ -57,7 +57,7 @@ def test_serving_bench_streams_websocket_and_api_clients_at_once_and_checks_thei
     env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-m", "bench.serving", "--clients", "4", "--api-clients", "4",
                            "--max-tokens", "8", "--port", str(free_port())],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "all 8 delivered texts equal the engine's" in done.stdout
     row = done.stdout.strip().splitlines()[2]

@@ -44,7 +44,7 @@ def test_idle_check_fails_a_test_that_leaves_a_request_running(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
-                          str(suite)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                          str(suite)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert "ERROR at teardown of test_leaves_a_request_running" in out.stdout, out.stdout + out.stderr
     assert "requests left in the engine: ['left']" in out.stdout
     assert "3 passed, 1 error" in out.stdout  # the clean test and the one after the leak (it aborts it) pass

@@ -25,7 +25,7 @@ class ApiServer(EmbeddedServer):
     def manage(self, *args: str) -> str:
         """Run a management command against the server's database; returns its stdout."""
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=self.manage_env, check=True,
-                              timeout=120, capture_output=True, text=True)  # fmt: skip
+                              timeout=120, capture_output=True, text=True)
         return done.stdout.strip()
 
     def api_key(self, username: str) -> str:
@@ -33,7 +33,7 @@ class ApiServer(EmbeddedServer):
 
     def set_quota(self, username: str, **fields: int) -> None:
         script = ("from django.contrib.auth.models import User; from playground.accounts.models import UserQuota; "
-                  f"UserQuota.objects.update_or_create(user=User.objects.get(username={username!r}), defaults={fields!r})")  # fmt: skip
+                  f"UserQuota.objects.update_or_create(user=User.objects.get(username={username!r}), defaults={fields!r})")
         self.manage("shell", "-c", script)
 
     def worker_metrics(self) -> dict:
@@ -81,4 +81,4 @@ def reference_llm(**engine_args):
     from inference import LLM
 
     return LLM(model=MODEL, device="cpu", max_model_len=int(ENGINE_ENV["ENGINE_MAX_MODEL_LEN"]),
-               num_kv_blocks=int(ENGINE_ENV["ENGINE_NUM_KV_BLOCKS"]), **engine_args)  # fmt: skip
+               num_kv_blocks=int(ENGINE_ENV["ENGINE_NUM_KV_BLOCKS"]), **engine_args)

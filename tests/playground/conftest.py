@@ -7,7 +7,7 @@ from django.core.cache import cache
 # Debian's chromium, driven by playwright; no browser is ever downloaded (bin/setup installs it).
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
+                 "--disable-sync"]
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ PROJECT = "paged-playground-smoke"
 IMAGE = "paged-playground:smoke"
 OFFICIAL = {"BASE_IMAGE": "python:3.11-slim", "POSTGRES_IMAGE": "postgres:16-alpine", "REDIS_IMAGE": "redis:7-alpine"}
 LOCAL = {"BASE_IMAGE": "paged-playground-base:bookworm", "POSTGRES_IMAGE": "paged-playground-postgres:local",
-         "REDIS_IMAGE": "paged-playground-redis:local"}  # fmt: skip
+         "REDIS_IMAGE": "paged-playground-redis:local"}
 PACKAGES = {"dockerd": "docker.io", "docker-compose": "docker-compose", "debootstrap": "debootstrap"}
 
 
@@ -54,7 +54,7 @@ def _install_and_start() -> None:
     if missing and os.geteuid() == 0:
         subprocess.run(["apt-get", "update", "-qq"], check=True, timeout=600)
         subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, timeout=1200,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})  # fmt: skip
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     if shutil.which("dockerd") and os.geteuid() == 0 and not _ok("docker", "info"):
         with open("/tmp/paged-playground-dockerd.log", "ab") as log:
             subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -80,11 +80,11 @@ def images(cli: str) -> dict[str, str]:
     """BASE_IMAGE, POSTGRES_IMAGE and REDIS_IMAGE: each official image when it is here or can be pulled, else
     its local build."""
     chosen = {key: image for key, image in OFFICIAL.items()
-              if _ok(cli, "image", "inspect", image) or _ok(cli, "pull", image, timeout=120)}  # fmt: skip
+              if _ok(cli, "image", "inspect", image) or _ok(cli, "pull", image, timeout=120)}
     if len(chosen) < len(OFFICIAL):
         path = f"{Path(cli).parent}:{os.environ['PATH']}"
         subprocess.run([str(REPO / "bin" / "docker-local-images")], check=True, timeout=1800,
-                       env={**os.environ, "PATH": path})  # fmt: skip
+                       env={**os.environ, "PATH": path})
     return {key: chosen.get(key, LOCAL[key]) for key in OFFICIAL}
 
 
@@ -108,7 +108,7 @@ def build(cli: str, base: str) -> float:
     began = time.monotonic()
     env = {**os.environ, "DOCKER_BUILDKIT": "1" if _buildkit(cli) else "0"}
     subprocess.run([cli, "build", "--build-arg", f"BASE_IMAGE={base}", "-t", IMAGE, str(REPO)], check=True,
-                   timeout=3600, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+                   timeout=3600, env=env, stdout=subprocess.DEVNULL)
     return time.monotonic() - began
 
 
@@ -126,7 +126,7 @@ class ComposeStack:
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(["docker-compose", "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), *args],
-                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout, check=check)  # fmt: skip
+                              cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout, check=check)
 
     def container(self, service: str) -> str:
         return self.run("ps", "-q", service).stdout.strip()

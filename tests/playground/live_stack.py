@@ -76,7 +76,7 @@ class PrivateRedis:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", REDIS_HOST, "--save", "", "--appendonly", "no"],
             cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -105,7 +105,7 @@ def _port_free(port: int) -> bool:
 
 class LiveStack:
     def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None,
-                 private_redis: PrivateRedis | None = None) -> None:  # fmt: skip
+                 private_redis: PrivateRedis | None = None) -> None:
         self.workdir = workdir
         self.private_redis = private_redis
         self.db = 0 if private_redis else empty_redis_db()
@@ -135,7 +135,7 @@ class LiveStack:
 
     def start_web(self) -> None:
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=self.env, check=True,
-                       timeout=300)  # fmt: skip
+                       timeout=300)
         self.web = self._spawn([sys.executable, "manage.py", "web", "--port", str(self.port)], "web.log")
         self.wait(lambda: self.health() is not None, 60, "daphne to serve /healthz")
 
@@ -145,7 +145,7 @@ class LiveStack:
             [*(program or [str(BIN / "celery")]), "-A", "playground", "worker", "-Q", "gpu", "-n", name, "--pool", "threads",
              "-c", "32", "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO"],
             f"worker-{name}.log",
-        )  # fmt: skip
+        )
 
     def wait_workers_ready(self, timeout: float = 300) -> None:
         def ready() -> bool:
@@ -229,7 +229,7 @@ class EmbeddedServer:
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "playground", "--port", str(self.port)],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
 
     def wait_url(self, timeout: float = 120) -> str:
         """The URL the command printed once it listens."""

@@ -30,7 +30,7 @@ def test_each_rule_for_each_kind_of_user(settings, allow_anonymous):
     ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::ffff:127.0.0.1", True),
     ("10.0.0.2", False), ("203.0.113.9", False), ("::ffff:203.0.113.9", False), ("2001:db8::1", False),
     ("", False), ("localhost", False), ("not an address", False),
-])  # fmt: skip
+])
 def test_only_loopback_addresses_count_as_this_machine(settings, address, local):
     assert is_loopback(address) is local
     settings.PLAYGROUND_API_KEYLESS = True

@@ -64,7 +64,7 @@ def test_chat_greedy_equals_the_engine_and_reports_usage(client, greedy):
 
 def test_chat_stream_concatenates_to_the_greedy_text(client, greedy):
     chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=8,
-                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+                                                 stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == greedy[0]
@@ -102,7 +102,7 @@ def test_stop_string_ends_the_reply(client, greedy):
 
 def test_logprobs_chat_and_completion(client):
     reply = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=4, logprobs=True,
-                                           top_logprobs=3)  # fmt: skip
+                                           top_logprobs=3)
     content = reply.choices[0].logprobs.content
     assert "".join(t.token for t in content) == reply.choices[0].message.content
     for token in content:
@@ -160,7 +160,7 @@ def test_websocket_from_a_foreign_origin_is_refused(server, path):
 
 def test_closing_a_stream_aborts_the_generation_and_frees_its_blocks(client, server):
     stream = client.completions.create(model=MODEL, prompt="Count from one to one thousand:", temperature=0,
-                                       max_tokens=1000, stream=True)  # fmt: skip
+                                       max_tokens=1000, stream=True)
     first = next(iter(stream))
     assert first.choices[0].finish_reason is None
     stream.close()
@@ -173,12 +173,12 @@ def test_closing_a_stream_aborts_the_generation_and_frees_its_blocks(client, ser
 def test_openai_client_json_schema_replies_validate(client, server):
     response_format = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
     reply = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, response_format=response_format,
-                                           temperature=1.0, seed=3, n=2, max_tokens=48)  # fmt: skip
+                                           temperature=1.0, seed=3, n=2, max_tokens=48)
     for choice in reply.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), WEATHER)
     streamed = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, response_format=response_format,
-                                              temperature=0, max_tokens=48, stream=True)  # fmt: skip
+                                              temperature=0, max_tokens=48, stream=True)
     jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in streamed if c.choices)), WEATHER)
     server.wait_idle()
 
@@ -189,19 +189,19 @@ def test_openai_client_refused_schema_is_400_naming_the_problem(client, server):
         with pytest.raises(openai.BadRequestError) as refused_schema:
             client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, max_tokens=8, stream=stream,
                                            response_format={"type": "json_schema",
-                                                            "json_schema": {"name": "t", "schema": bad}})  # fmt: skip
+                                                            "json_schema": {"name": "t", "schema": bad}})
         message = refused_schema.value.body["message"]
         assert message.startswith("response_format.json_schema.schema:") and "/properties/tags/uniqueItems" in message
     with pytest.raises(openai.BadRequestError) as refused_tool:
         client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, max_tokens=8, tool_choice="required", tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])  # fmt: skip
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}])
     assert "function 'f' parameters" in refused_tool.value.body["message"]
     server.wait_idle()
 
 
 def test_openai_client_tool_call_round_trip(client, server):
     first = client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
-                                           temperature=0, max_tokens=48)  # fmt: skip
+                                           temperature=0, max_tokens=48)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     [call] = choice.message.tool_calls
@@ -210,7 +210,7 @@ def test_openai_client_tool_call_round_trip(client, server):
     jsonschema.validate(arguments, schema)
     # Streamed, the call arrives as a tool_calls delta the client's chunks carry.
     chunks = list(client.chat.completions.create(model=MODEL, messages=WEATHER_CHAT, tools=TOOLS, tool_choice="required",
-                                                 temperature=0, max_tokens=48, stream=True))  # fmt: skip
+                                                 temperature=0, max_tokens=48, stream=True))
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     assert [d.function.name for d in deltas] == [call.function.name]
     assert json.loads(deltas[0].function.arguments) == arguments
@@ -218,7 +218,7 @@ def test_openai_client_tool_call_round_trip(client, server):
     # The result goes back as a tool message; the model answers in text.
     messages = [*WEATHER_CHAT, choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
-                                            temperature=0, max_tokens=24)  # fmt: skip
+                                            temperature=0, max_tokens=24)
     assert second.choices[0].message.tool_calls is None and second.choices[0].message.content
     server.wait_idle()
 
@@ -229,22 +229,22 @@ def test_openai_client_vllm_fields_batches_and_the_responses_api(client, server,
     natural = short.usage.completion_tokens
     assert short.choices[0].finish_reason == "stop"
     longer = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=64,
-                                            extra_body={"min_tokens": natural + 4})  # fmt: skip
+                                            extra_body={"min_tokens": natural + 4})
     assert longer.usage.completion_tokens >= natural + 4
     forced = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=natural + 6,
-                                            extra_body={"ignore_eos": True})  # fmt: skip
+                                            extra_body={"ignore_eos": True})
     assert forced.usage.completion_tokens == natural + 6
     batch = client.completions.create(model=MODEL, prompt=[PROMPT, PROMPT], temperature=0, max_tokens=8)
     assert [c.text for c in batch.choices] == [greedy[1], greedy[1]] and [c.index for c in batch.choices] == [0, 1]
     streamed = list(client.completions.create(model=MODEL, prompt=[PROMPT], temperature=0, max_tokens=8,
-                                              stream=True))  # fmt: skip
+                                              stream=True))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == greedy[1]
     reply = client.responses.create(model=MODEL, input=CHAT[1]["content"], instructions=CHAT[0]["content"],
-                                    temperature=0, max_output_tokens=8)  # fmt: skip
+                                    temperature=0, max_output_tokens=8)
     assert reply.output_text == greedy[0] and reply.status == "incomplete"
     events = list(client.responses.create(model=MODEL, input=CHAT[1]["content"],
                                           instructions=CHAT[0]["content"], temperature=0, max_output_tokens=8,
-                                          stream=True))  # fmt: skip
+                                          stream=True))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == greedy[0]
     assert events[-1].type == "response.incomplete"
     server.wait_idle()

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.slow
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant who answers in exactly one short sentence, "
                                           "without lists, without greetings and without any follow-up question."},
-            {"role": "user", "content": "What is a page table?"}]  # fmt: skip
+            {"role": "user", "content": "What is a page table?"}]
 
 
 @pytest.fixture(scope="module")

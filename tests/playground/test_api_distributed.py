@@ -21,7 +21,7 @@ def stack(tmp_path_factory):
 
 def test_chat_streamed_and_not_over_redis(stack):
     key = subprocess.run([sys.executable, "manage.py", "create_api_key", "alice"], cwd=REPO, env=stack.env,
-                         check=True, capture_output=True, text=True, timeout=120).stdout.strip()  # fmt: skip
+                         check=True, capture_output=True, text=True, timeout=120).stdout.strip()
     client = openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key=key, max_retries=0, timeout=300)
     messages = [{"role": "user", "content": "Say hello."}]
     reply = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=6)

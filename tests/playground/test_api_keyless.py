@@ -86,7 +86,7 @@ def test_a_keyless_caller_counts_against_the_anonymous_limits_and_a_key_still_na
     (True, REMOTE, "EMPTY", 401),
     (False, LOCAL, None, 401),  # PLAYGROUND_API_KEYLESS off (the default with REDIS_URL)
     (False, LOCAL, "EMPTY", 401),
-])  # fmt: skip
+])
 def test_who_needs_a_key(settings, keyless, address, key, status):
     settings.PLAYGROUND_API_KEYLESS = keyless
     response = asyncio.run(request("/v1/models", key=key, address=address))

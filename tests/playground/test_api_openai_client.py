@@ -24,7 +24,7 @@ def with_client(monkeypatch, scenario):
         async with worker(monkeypatch) as (engine, _):
             http = httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://testserver")
             client = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=secret, http_client=http,
-                                        max_retries=0)  # fmt: skip
+                                        max_retries=0)
             try:
                 return await scenario(client), engine.requests
             finally:

@@ -31,7 +31,7 @@ def refused(call, **body) -> ApiError:
 
 def test_chat_maps_openai_fields_onto_sampling_params():
     request = chat(temperature=0, max_completion_tokens=5, n=2, stop="\n", seed=3, logprobs=True, top_logprobs=2,
-                   presence_penalty=0.5, frequency_penalty=-0.5, stream=True, stream_options={"include_usage": True})  # fmt: skip
+                   presence_penalty=0.5, frequency_penalty=-0.5, stream=True, stream_options={"include_usage": True})
     assert request.params["max_tokens"] == 5 and request.params["n"] == 2
     assert request.params["stop"] == ["\n"] and request.params["seed"] == 3 and request.params["logprobs"] == 2
     assert request.params["presence_penalty"] == 0.5 and request.params["frequency_penalty"] == -0.5
@@ -42,7 +42,7 @@ def test_chat_maps_openai_fields_onto_sampling_params():
 def test_chat_defaults_and_content_parts():
     request = chat(messages=[{"role": "developer", "content": "Be terse."},
                              {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                              "name": "x"}])  # fmt: skip
+                              "name": "x"}])
     assert request.messages == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "ab", "name": "x"}]
     assert request.params["temperature"] == 1.0 and request.params["logprobs"] is None
     assert not request.stream and request.top_logprobs is None
@@ -86,7 +86,7 @@ def test_completion_prompt_rules():
     for body, param in [({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"), ({"prompt": "x" * 101}, "prompt"),
                         ({"prompt": [[1, 2], [-1]]}, "prompt"), ({"prompt": ["a", [1], None]}, "prompt"),
                         ({"prompt": [[1]], "echo": True}, "echo"), ({"suffix": "!"}, "suffix"), ({"best_of": 3}, "best_of"),
-                        ({"logprobs": 6}, "logprobs")]:  # fmt: skip
+                        ({"logprobs": 6}, "logprobs")]:
         assert refused(completion, **body).param == param
 
 
@@ -102,7 +102,7 @@ DONE = {
                  "logprobs": [{"token": "Hi", "logprob": -0.1, "top": [{"token": "Hi", "logprob": -0.1}, {"token": "Yo", "logprob": -2.0}]},
                               {"token": " there", "logprob": -0.5, "top": [{"token": " there", "logprob": -0.5}]}]}],
     "usage": {"prompt_tokens": 7, "completion_tokens": 2, "cached_tokens": 4},
-}  # fmt: skip
+}
 
 
 def test_chat_completion_body():
@@ -113,7 +113,7 @@ def test_chat_completion_body():
     assert [t["token"] for t in choice["logprobs"]["content"]] == ["Hi", " there"]
     assert choice["logprobs"]["content"][0]["top_logprobs"] == [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105]}]
     assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
-                             "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
+                             "prompt_tokens_details": {"cached_tokens": 4}}
 
 
 def test_completion_logprobs_offsets_and_no_logprobs_unless_asked():

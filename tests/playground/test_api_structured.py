@@ -33,13 +33,13 @@ def refused(**body) -> ApiError:
 
 def done(text, finish_reason="stop"):
     return {"outputs": [{"index": 0, "text": text, "finish_reason": finish_reason}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 9, "cached_tokens": 0}}  # fmt: skip
+            "usage": {"prompt_tokens": 5, "completion_tokens": 9, "cached_tokens": 0}}
 
 
 def test_response_format_becomes_the_engine_constraint():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     request = chat(response_format={"type": "json_schema", "json_schema": {"name": "thing", "schema": schema,
-                                                                          "strict": True}})  # fmt: skip
+                                                                          "strict": True}})
     assert request.params["structured_outputs"] == {"json": schema}
     assert chat(response_format={"type": "json_object"}).params["structured_outputs"] == {"json_object": True}
     assert "structured_outputs" not in chat(response_format={"type": "text"}).params
@@ -60,7 +60,7 @@ def test_response_format_becomes_the_engine_constraint():
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "'nope', which is not in tools"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
-])  # fmt: skip
+])
 def test_bad_structured_fields_are_400_naming_them(body, param, message):
     error = refused(**body)
     assert error.param == param

@@ -34,7 +34,7 @@ def post_all(monkeypatch, headers, calls):
             for path, body in calls:
                 response = await client.post(path, body, content_type="application/json", headers=headers)
                 content = (b"".join([chunk async for chunk in response.streaming_content])
-                           if response.streaming else response.content)  # fmt: skip
+                           if response.streaming else response.content)
                 answers.append((response, content))
             return answers, engine.requests, submitted
 
@@ -43,7 +43,7 @@ def post_all(monkeypatch, headers, calls):
 
 def events(content: bytes) -> list:
     return [json.loads(line[6:]) for line in content.decode().splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"]  # fmt: skip
+            if line.startswith("data: ") and line != "data: [DONE]"]
 
 
 def test_batch_prompts_text_and_token_ids_number_choices_as_vllm(monkeypatch, headers):
@@ -52,7 +52,7 @@ def test_batch_prompts_text_and_token_ids_number_choices_as_vllm(monkeypatch, he
         ("/v1/completions", body),
         ("/v1/completions", {**body, "prompt": [[5, 6], [7]], "n": 1}),
         ("/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}}),
-    ])  # fmt: skip
+    ])
     plain = json.loads(answers[0][1])
     assert [(c["index"], c["text"]) for c in plain["choices"]] == [(0, "echo0: ab"), (1, "echo1: ab"),
                                                                     (2, "echo0: cd"), (3, "echo1: cd")]
@@ -81,7 +81,7 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
     answers, requests, _ = post_all(monkeypatch, headers, [
         ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 3, "frobnicate": 1, "guided_x": {}}),
         ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 3}),
-    ])  # fmt: skip
+    ])
     assert answers[0][0].status_code == 200 and answers[0][0]["X-Ignored-Fields"] == "frobnicate, guided_x"
     assert "X-Ignored-Fields" not in answers[1][0]
     assert len(requests) == 2
@@ -100,7 +100,7 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
     ({"stop_token_ids": [1, -2]}, "stop_token_ids"),
     ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
-])  # fmt: skip
+])
 def test_known_but_unsupported_values_are_refused_by_name(monkeypatch, headers, body, param):
     answers, requests, _ = post_all(monkeypatch, headers,
                                     [("/v1/chat/completions", {"model": MODEL, "messages": CHAT, **body})])
@@ -129,7 +129,7 @@ def test_vllm_fields_reach_the_engine(monkeypatch, headers):
                                                 "name": "ann"},
                                                {"role": "assistant", "content": "Yes"}],
                                   "continue_final_message": True, "echo": True}),
-    ])  # fmt: skip
+    ])
     params = requests[0]["params"]
     assert (params.min_tokens, params.ignore_eos, params.stop_token_ids, params.include_stop_str_in_output,
             params.skip_special_tokens) == (3, True, [2], True, False)
@@ -152,12 +152,12 @@ def test_responses_api_plain_and_streamed(monkeypatch, headers):
                            "input": [{"role": "user", "content": [{"type": "input_text", "text": "yo"}]}]}),
         ("/v1/responses", {**body, "tools": [{"type": "web_search"}]}),
         ("/v1/responses", {**body, "previous_response_id": "resp_1"}),
-    ])  # fmt: skip
+    ])
     plain = json.loads(answers[0][1])
     assert plain["object"] == "response" and plain["status"] == "incomplete"
     assert plain["incomplete_details"] == {"reason": "max_output_tokens"}
     assert plain["output"][0]["content"][0] == {"type": "output_text", "text": "echo", "annotations": [],
-                                                "logprobs": []}  # fmt: skip
+                                                "logprobs": []}
     assert plain["usage"]["output_tokens"] == 4 and plain["instructions"] == "Be brief."
     assert requests[0]["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     streamed = events(answers[1][1])

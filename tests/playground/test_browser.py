@@ -75,11 +75,11 @@ def server(tmp_path_factory):
     seeded = subprocess.run(
         [*manage, "shell", "-c", SEED_SCRIPT.format(reply=HOSTILE_REPLY, **STAFF)],
         cwd=REPO, env=env, check=True, timeout=120, capture_output=True, text=True,
-    )  # fmt: skip
+    )
     conversation_id = json.loads(seeded.stdout.strip().splitlines()[-1])["conversation"]
     log = open(workdir / "server.log", "wb")
     process = subprocess.Popen([*manage, "playground", "--port", str(port), "--skip-migrate"], cwd=REPO, env=env,
-                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                               stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while not any(w.get("state") == "ready" for w in (_health(base_url) or {}).get("workers", [])):
@@ -138,12 +138,12 @@ def test_prompt_streams_and_stop_cancels(server, page):
     page.wait_for_function(
         "(n) => [...document.querySelectorAll('.msg-assistant .msg-body')].pop().innerText.length > n",
         arg=len(first), timeout=60_000,
-    )  # fmt: skip
+    )
     assert reply.get_attribute("data-state") == "streaming"
 
     page.click("#stop")
     page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
-                           timeout=15_000)  # fmt: skip
+                           timeout=15_000)
     assert reply.locator('[data-stat="finish_reason"] .stat-value').inner_text() == "abort"
     completion = int(reply.locator('[data-stat="completion_tokens"] .stat-value').inner_text())
     assert 0 < completion < 400
@@ -170,10 +170,10 @@ def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page)
     assert page.locator(".msg-user").last.inner_text() == "Name a colour.\nOne word."
     reply = page.locator(".msg-assistant").last
     page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
-                           timeout=120_000)  # fmt: skip
+                           timeout=120_000)
     assert reply_text(page).strip() != ""
     stats = {name: reply.locator(f'[data-stat="{name}"] .stat-value').inner_text()
-             for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft", "tokens_per_s", "finish_reason")}  # fmt: skip
+             for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "ttft", "tokens_per_s", "finish_reason")}
     assert int(stats["prompt_tokens"]) > 10
     assert 1 <= int(stats["completion_tokens"]) <= 12
     assert int(stats["cached_tokens"]) >= 0
@@ -188,7 +188,7 @@ def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page)
     first_text = reply_text(page)
     page.click(".msg-assistant .regenerate")
     page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
-                           timeout=120_000)  # fmt: skip
+                           timeout=120_000)
     assert page.locator(".msg-assistant").count() == 1 and page.locator(".msg-user").count() == 1
     assert reply_text(page) == first_text
 
@@ -332,7 +332,7 @@ def test_memory_view_is_staff_only_and_follows_a_generation(server, browser, pag
     page.wait_for_function(
         "(n) => document.querySelector('.worker .chart[data-chart=\"memory\"]').dataset.points > n + 1",
         arg=points, timeout=60_000,
-    )  # fmt: skip
+    )
     assert row.locator(".chip").count() >= 1
     page.wait_for_function(  # the block map follows once the first engine step (the prefill) is done
         "() => { const c = document.querySelector('.worker canvas.blockmap');"
@@ -343,7 +343,7 @@ def test_memory_view_is_staff_only_and_follows_a_generation(server, browser, pag
     # Abort from the memory view: the chat's reply ends as cancelled and the blocks are freed.
     row.locator("button", has_text="Abort").click()
     chat.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
-                           timeout=15_000)  # fmt: skip
+                           timeout=15_000)
     assert chat.locator('.msg-assistant [data-stat="finish_reason"] .stat-value').inner_text() == "abort"
     page.wait_for_function(
         "() => { const c = document.querySelector('.worker canvas.blockmap');"
@@ -358,7 +358,7 @@ def test_json_schema_reply_is_formatted_and_shows_the_grammar_mask(server, page)
 
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
                                                "count": {"type": "integer", "minimum": 1, "maximum": 9}},
-              "required": ["colour", "count"]}  # fmt: skip
+              "required": ["colour", "count"]}
     page.goto(server["base_url"] + "/")
     page.wait_for_selector('#conn[data-status="open"]')
     set_param(page, "temperature", "0")
@@ -374,7 +374,7 @@ def test_json_schema_reply_is_formatted_and_shows_the_grammar_mask(server, page)
     page.check("#response-format input[type=checkbox]")
     page.click("#send")  # the refused prompt is still in the box
     page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop()?.dataset.state === 'done'",
-                           timeout=120_000)  # fmt: skip
+                           timeout=120_000)
     reply = page.locator(".msg-assistant").last
     shown = reply.locator(".json-reply").inner_text()
     assert "\n  " in shown  # indented

@@ -49,7 +49,7 @@ def test_a_ten_turn_chat_outgrows_the_window_and_every_turn_is_answered(server, 
         page.press("#prompt", "Enter")
         page.wait_for_function(
             f"() => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === {turn + 1}",
-            timeout=120_000)  # fmt: skip
+            timeout=120_000)
     replies = page.locator(".msg-assistant")
     assert replies.count() == TURNS
     assert page.locator('.msg-assistant[data-state="error"]').count() == 0
@@ -85,7 +85,7 @@ def test_editing_the_second_message_reuses_the_shared_prefix_and_keeps_the_old_b
         page.press("#prompt", "Enter")
         page.wait_for_function(
             f"() => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === {turn + 1}",
-            timeout=120_000)  # fmt: skip
+            timeout=120_000)
     second = page.locator(".msg-user").nth(1)
     second.locator(".edit").wait_for()  # the page has the saved ids by now
     second.locator(".edit").click()
@@ -94,7 +94,7 @@ def test_editing_the_second_message_reuses_the_shared_prefix_and_keeps_the_old_b
     page.wait_for_function(
         "() => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === 2"
         " && document.querySelectorAll('.msg-user')[1].innerText.includes('coldest')",
-        timeout=120_000)  # fmt: skip
+        timeout=120_000)
     reply = page.locator(".msg-assistant").last
     reply.locator(".receipt summary").click()
     cached = reply.locator('[data-stat="receipt_cached"] .stat-value').inner_text()

@@ -25,7 +25,7 @@ def test_eight_simulated_users_stream_and_memory_rises(server, page):
     page.wait_for_selector('#conn[data-status="open"]')
     # Idle worker first: the chart has points and nothing is held yet.
     page.wait_for_function(f"() => Number(document.querySelector('{MEMORY_CHART}')?.dataset.points) >= 1",
-                           timeout=30_000)  # fmt: skip
+                           timeout=30_000)
     assert float(page.get_attribute(MEMORY_CHART, "data-peak-usage")) == 0
 
     page.fill('#controls [name="users"]', "8")
@@ -40,10 +40,10 @@ def test_eight_simulated_users_stream_and_memory_rises(server, page):
         timeout=240_000,
     )
     page.wait_for_function(f"() => Number(document.querySelector('{MEMORY_CHART}').dataset.peakUsage) > 0",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     # The block map of the demo's own requests fills while they run (full snapshots, filtered by the server).
     page.wait_for_function("() => Number(document.getElementById('demo-blockmap').dataset.used) > 0",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     assert "of the demo's sequences running" in page.inner_text("#demo-blockmap-counts")
     assert int(page.get_attribute(MEMORY_CHART, "data-points")) >= 2
     names = page.locator("#streams .stream-name").all_inner_texts()

@@ -41,7 +41,7 @@ def step(page) -> int:
     before = int(page.inner_text("#step-number"))
     page.click("#step")
     page.wait_for_function(f"() => Number(document.getElementById('step-number').textContent) === {before + 1}",
-                           timeout=30_000)  # fmt: skip
+                           timeout=30_000)
     return before + 1
 
 
@@ -176,7 +176,7 @@ def test_chat_replies_carry_a_cache_receipt_with_the_prompt_coloured(server, pag
         page.fill("#prompt", question)
         page.keyboard.press("Enter")
         page.wait_for_function("(n) => document.querySelectorAll('.msg-assistant[data-state=\"done\"]').length === n",
-                               arg=page.locator(".msg-assistant").count(), timeout=120_000)  # fmt: skip
+                               arg=page.locator(".msg-assistant").count(), timeout=120_000)
     reply = page.locator(".msg-assistant").last
     cached = int(reply.locator('[data-stat="cached_tokens"] .stat-value').inner_text())
     assert cached > 0

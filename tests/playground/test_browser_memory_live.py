@@ -33,7 +33,7 @@ def server(tmp_path_factory):
         env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
         env.update(PLAYGROUND_VAR_DIR=str(workdir), DJANGO_SUPERUSER_PASSWORD=STAFF["password"])
         subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", STAFF["username"],
-                        "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)  # fmt: skip
+                        "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)
         yield embedded
     finally:
         embedded.stop()
@@ -95,11 +95,11 @@ def test_admin_view_charts_and_block_map_follow_a_running_generation(open_page, 
     page.evaluate("""c => { window.seen = [];
         new MutationObserver(() => window.seen.push({shared: Number(c.dataset.shared),
                                                      rows: document.querySelectorAll('.requests tbody tr').length}))
-            .observe(c, {attributes: true}); }""", canvas.element_handle())  # fmt: skip
+            .observe(c, {attributes: true}); }""", canvas.element_handle())
 
     result: list[dict] = []
     thread = threading.Thread(target=chat, args=(server, {"n": 2, "temperature": 0.8, "seed": 3, "max_tokens": 48},
-                                                 result))  # fmt: skip
+                                                 result))
     thread.start()
     try:
         # Both samples hold the prompt's blocks: shared cells appear, and the request shows its block tables.
@@ -112,13 +112,13 @@ def test_admin_view_charts_and_block_map_follow_a_running_generation(open_page, 
         page.wait_for_function(
             "([c, n]) => [...c.querySelectorAll('.chart')].every((e) => Number(e.dataset.points) >= n)",
             arg=[card.element_handle(), max(start) + 3], timeout=120_000,
-        )  # fmt: skip
+        )
     finally:
         thread.join(300)
     assert result and result[0]["type"] == "done", result
     # Finished: nothing is used any more, and the prompt's full blocks stay cached for the next turn.
     page.wait_for_function("c => c.dataset.used === '0' && c.dataset.shared === '0' && Number(c.dataset.cached) > 0",
-                           arg=canvas.element_handle(), timeout=30_000)  # fmt: skip
+                           arg=canvas.element_handle(), timeout=30_000)
     assert card.locator(".requests tbody tr").count() == 0
     page.screenshot(path=str(tmp_path / "admin-view.png"), full_page=True)
 

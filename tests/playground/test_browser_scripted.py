@@ -83,7 +83,7 @@ def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: lis
                 "max_model_len": {"reserved_blocks": len(tables) * math.ceil(MAX_LEN / BLOCK_SIZE)},
                 "prompt_plus_max_tokens": {"reserved_blocks": len(tables) * 8},
             },
-        },  # fmt: skip
+        },
         "tokens_per_s": tokens_per_s,
         "block_map": {"states": states, "ref_counts": shared_ref_counts, "owners": owners},
         "requests": [
@@ -134,7 +134,7 @@ CHAT_CONFIG = {
     "ws_path": "/ws/chat/", "sampling": sampling.page_specs(LIMITS), "limits": LIMITS,
     "user": {"username": "", "is_authenticated": False, "is_staff": False},
     "urls": {"conversations": "/api/conversations/"}, "conversation": None, "context": meter_config(),
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +344,7 @@ def test_chat_stream_flags_a_lost_delta_and_done_replaces_the_text(open_page):
         "outputs": [{"index": 0, "text": "Hello, world", "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 4, "cached_tokens": 0},
         "timing": {"ttft_ms": 1234.5, "tokens_per_s": 12.25},
-    })  # fmt: skip
+    })
     assert body.inner_text() == "Hello, world"
     reply = page.locator(".msg-assistant")
     assert reply.get_attribute("data-state") == "done"
@@ -371,7 +371,7 @@ def test_chat_stop_before_started_cancels_and_a_refused_generate_fails_its_reply
     chat_frame(page, {"type": "done", "request_id": "r1", "conversation_id": "c1",
                       "outputs": [{"index": 0, "text": "Fi", "finish_reason": "abort"}],
                       "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0},
-                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 1.0}})  # fmt: skip
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 1.0}})
     reply = page.locator(".msg-assistant").last
     assert reply.locator('[data-stat="finish_reason"] .stat-value').inner_text() == "abort"
     assert page.locator("#send").is_visible()
@@ -390,14 +390,14 @@ def finish_reply(page, text: str, request_id: str = "r1") -> None:
     chat_frame(page, {"type": "done", "request_id": request_id, "conversation_id": "c1", "worker": "w1",
                       "outputs": [{"index": 0, "text": text, "finish_reason": "stop"}],
                       "usage": {"prompt_tokens": 5, "completion_tokens": 40, "cached_tokens": 0},
-                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 20.0}})  # fmt: skip
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 20.0}})
 
 
 RICH_REPLY = "\n".join([
     "| token | logprob |", "| --- | ---: |", "| the | -0.1 |", "| a | -2.3 |", "",
     "```python", "def area(r):", "    return 3.14 * r ** 2", "```", "",
     "Inline $e^{i\\pi} + 1 = 0$ and a display:", "", "$$\\frac{a}{b} = \\sqrt{x}$$",
-])  # fmt: skip
+])
 
 
 def test_chat_reply_renders_a_table_highlighted_code_with_copy_and_math(open_page):
@@ -436,7 +436,7 @@ HOSTILE_MARKDOWN = "\n".join([
     "| a |", "| - |", "| <svg onload=window.__pwned=4> |", "",
     "$\\href{javascript:window.__pwned=5}{x}$ and $<img src=x onerror=window.__pwned=6>$",
     "```html", '<iframe src="javascript:window.__pwned=7"></iframe>', "```",
-])  # fmt: skip
+])
 
 
 def test_chat_reply_with_hostile_markdown_and_html_is_rendered_inert(open_page):

@@ -16,7 +16,7 @@ def user(text):
 
 def reply(conversation, text):
     done = {"outputs": [{"index": 0, "text": text, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0}, "timing": None}  # fmt: skip
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0}, "timing": None}
     return store.save_reply(conversation.id, f"r-{text}", done, "w1")
 
 
@@ -33,7 +33,7 @@ def chat(client):
     conversation = store.open_conversation(None, key, None, [SYSTEM, user("q1")])
     reply(conversation, "a1")
     store.open_conversation(None, key, conversation.id, [SYSTEM, user("q1"), {"role": "assistant", "content": "a1"},
-                                                         user("q2")])  # fmt: skip
+                                                         user("q2")])
     reply(conversation, "a2")
     return conversation, key
 
@@ -44,7 +44,7 @@ def test_editing_the_second_message_keeps_the_old_branch(chat):
     store.open_conversation(None, key, conversation.id, transcript)
     reply(conversation, "a2'")
     assert shown(conversation) == [("system", "be brief", 1), ("user", "q1", 1), ("assistant", "a1", 1),
-                                   ("user", "q2 edited", 2), ("assistant", "a2'", 1)]  # fmt: skip
+                                   ("user", "q2 edited", 2), ("assistant", "a2'", 1)]
     assert Message.objects.filter(conversation=conversation).count() == 7  # the old q2 and a2 are kept
     # the shared messages were reused, not copied
     assert Message.objects.filter(conversation=conversation, content="q1").count() == 1
@@ -65,7 +65,7 @@ def test_regenerating_a_reply_adds_a_sibling_and_the_arrows_switch_branches(chat
 def test_deleting_a_message_removes_what_follows_and_shows_a_sibling_or_the_parent(chat, client):
     conversation, key = chat
     store.open_conversation(None, key, conversation.id, [SYSTEM, user("q1"), {"role": "assistant", "content": "a1"},
-                                                         user("q2 edited")])  # fmt: skip
+                                                         user("q2 edited")])
     edited = Message.objects.get(content="q2 edited")
     url = f"/api/conversations/{conversation.id}/messages/{edited.id}/"
     detail = client.delete(url).json()

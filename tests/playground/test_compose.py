@@ -23,7 +23,7 @@ SERVICE_KEYS = {
     "build", "image", "command", "entrypoint", "environment", "env_file", "ports", "expose", "volumes",
     "depends_on", "healthcheck", "deploy", "restart", "networks", "user", "working_dir", "labels", "profiles",
     "stop_grace_period", "shm_size", "ulimits", "init",
-}  # fmt: skip
+}
 HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
 DURATION = re.compile(r"^\d+(\.\d+)?(us|ms|s|m|h)$")
 
@@ -189,14 +189,14 @@ def docker_cli() -> str:
 
 
 async def ws_chat(url: str, origin: str, content: str, max_tokens: int,
-                  on_first_token: Callable[[], None] | None = None) -> list[dict]:  # fmt: skip
+                  on_first_token: Callable[[], None] | None = None) -> list[dict]:
     """One chat turn over the websocket: its frames, each with `at` (monotonic time it arrived)."""
     from websockets.asyncio.client import connect
 
     frames = []
     async with connect(url, origin=origin, proxy=None, open_timeout=60) as ws:
         await ws.send(json.dumps({"type": "generate", "messages": [{"role": "user", "content": content}],
-                                  "params": {"temperature": 0, "max_tokens": max_tokens}}))  # fmt: skip
+                                  "params": {"temperature": 0, "max_tokens": max_tokens}}))
         while not frames or frames[-1]["type"] not in ("done", "error"):
             frames.append({**json.loads(await asyncio.wait_for(ws.recv(), 300)), "at": time.monotonic()})
             if frames[-1]["type"] == "token" and on_first_token is not None:
@@ -224,7 +224,7 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
         "CSRF_TRUSTED_ORIGINS": base, "PLAYGROUND_DRAIN_S": "30",
         # The test machine may be shared and overloaded: a worker's heartbeat can starve for seconds there.
         "PLAYGROUND_HEARTBEAT_TTL": "20",
-    })  # fmt: skip
+    })
     stack.down()  # a previous run's leftovers
     try:
         stack.run("up", "-d", "--no-build", timeout=900)
@@ -237,7 +237,7 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
         key = stack.run("exec", "-T", "web", "python", "manage.py", "create_api_key", "smoke").stdout.split()[-1]
         reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=300,
                               json={"model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0,
-                                    "messages": [{"role": "user", "content": "Say hello."}]})  # fmt: skip
+                                    "messages": [{"role": "user", "content": "Say hello."}]})
         assert reply.status_code == 200, reply.text
         body = reply.json()
         assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0
@@ -248,7 +248,7 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
         def restart_worker() -> None:  # `docker restart` waits up to stop_grace_period, as compose does
             restarted["at"] = time.monotonic()
             threading.Thread(target=subprocess.run, args=([docker_cli, "restart", "-t", "45", worker],),
-                             kwargs={"capture_output": True, "timeout": 300}, daemon=True).start()  # fmt: skip
+                             kwargs={"capture_output": True, "timeout": 300}, daemon=True).start()
 
         frames = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, LONG_ASK, LONG_TOKENS, restart_worker))
         done = frames[-1]

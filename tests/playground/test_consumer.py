@@ -118,7 +118,7 @@ def test_n_samples_stream_side_by_side(monkeypatch):
     assert streamed == {0: "echo0:", 1: "echo1:"}
     assert [(o["index"], o["text"], o["finish_reason"]) for o in done["outputs"]] == [
         (0, "echo0:", "length"), (1, "echo1:", "length"),
-    ]  # fmt: skip
+    ]
     reply = Conversation.objects.get(id=done["conversation_id"]).messages.get(role="assistant")
     assert reply.samples == ["echo0:", "echo1:"] and reply.content == "echo0:"
 
@@ -142,7 +142,7 @@ def test_n_samples_stream_side_by_side(monkeypatch):
         (json.dumps({"type": "generate", "messages": ASK, "params": {"stop": ["\udc00"]}}), "params.stop[0] contains"),
         ('{"type": "generate", "pad": ' + "[" * 30_000 + "]" * 30_000 + "}", "deeper than 32 levels"),
     ],
-)  # fmt: skip
+)
 def test_bad_frames_get_an_error_and_the_socket_survives(monkeypatch, frame, needle):
     async def scenario():
         async with worker(monkeypatch) as (_, submitted):
@@ -183,7 +183,7 @@ def test_engine_rejection_is_an_error_for_that_request(monkeypatch):
 
     started, error = run(scenario())
     assert error == {"type": "error", "request_id": started["request_id"],
-                     "message": "prompt is longer than max_model_len (fake engine)"}  # fmt: skip
+                     "message": "prompt is longer than max_model_len (fake engine)"}
 
 
 def test_cancel_aborts_in_the_engine_and_ends_with_done(monkeypatch):

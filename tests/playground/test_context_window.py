@@ -71,7 +71,7 @@ def test_no_room_at_all_is_refused_with_the_figures():
 def test_turn_starts_group_a_leading_reply_as_its_own_turn():
     messages = [{"role": "system", "content": "s"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                {"role": "user", "content": "q2"}]  # fmt: skip
+                {"role": "user", "content": "q2"}]
     assert turn_starts(messages) == [1, 2, 4]
 
 

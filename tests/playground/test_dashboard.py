@@ -27,13 +27,13 @@ def block(state: str, ref_count: int = 0, owners=()) -> dict:
 
 # Request "a" (n=2) shares blocks 0 and 1 (its prompt) between its samples; block 3 is cached, 4 free.
 BLOCK_MAP = [block("used", 2, ["a"]), block("used", 2, ["a"]), block("used", 1, ["a"]), block("cached"),
-             block("free"), block("used", 1, ["a"])]  # fmt: skip
+             block("free"), block("used", 1, ["a"])]
 SEQUENCES = [
     {"request_id": "a", "index": 0, "block_table": [0, 1, 2], "context_len": 40, "max_len": 135},
     {"request_id": "a", "index": 1, "block_table": [0, 1, 5], "context_len": 40, "max_len": 135},
 ]
 METRICS = {"block_size": BLOCK_SIZE, "num_blocks_total": 6, "num_blocks_used": 4, "kv_cache_usage": 4 / 6,
-           "generation_tokens_total": 10, "block_map": BLOCK_MAP, "sequences": SEQUENCES}  # fmt: skip
+           "generation_tokens_total": 10, "block_map": BLOCK_MAP, "sequences": SEQUENCES}
 
 
 def test_snapshot_has_the_documented_shape_and_a_compact_block_map():
@@ -100,7 +100,7 @@ def test_latency_stats_percentiles_and_histograms():
         tokens = [arrival + 0.1 * (i + 1) + 0.02 * k for k in range(5)]  # TTFT 0.1·(i+1) s, 20 ms gaps
         stats.observe(SimpleNamespace(arrival_time=arrival, first_token_time=tokens[0], finished_time=tokens[-1],
                                       first_scheduled_time=arrival, last_token_time=tokens[-1],
-                                      token_times=tokens))  # fmt: skip
+                                      token_times=tokens))
     summary = stats.summary()
     assert summary["requests"] == 10
     assert summary["ttft_ms"] == {"p50": 500.0, "p90": 900.0, "p99": 1000.0}

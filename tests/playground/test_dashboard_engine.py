@@ -51,7 +51,7 @@ class SteppedEngine:
 @pytest.fixture(scope="module")
 def engine():
     return LLMEngine(EngineArgs(model="smollm2-135m-instruct", device="cpu", block_size=BLOCK_SIZE, num_kv_blocks=24,
-                                max_model_len=256, max_num_seqs=8, seed=0))  # fmt: skip
+                                max_model_len=256, max_num_seqs=8, seed=0))
 
 
 @pytest.fixture

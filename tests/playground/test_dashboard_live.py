@@ -25,7 +25,7 @@ def stack(tmp_path_factory):
     def create_staff(live: LiveStack) -> None:
         env = {**live.env, "DJANGO_SUPERUSER_PASSWORD": STAFF["password"]}
         subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput", "--username", STAFF["username"],
-                        "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)  # fmt: skip
+                        "--email", "ada@example.com"], cwd=REPO, env=env, check=True, timeout=120)
 
     with running_stack(tmp_path_factory.mktemp("dashboard-live"), WORKERS, create_staff) as live:
         yield live

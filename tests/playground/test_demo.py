@@ -66,7 +66,7 @@ def test_start_frames_are_validated():
     for bad, needle in [({"users": 0}, "users"), ({"users": 10**6}, "users"), ({"users": 2, "rate": 0}, "rate"),
                         ({"users": 2, "rate": float("nan")}, "rate"), ({"users": 2, "max_tokens": 10**6}, "max_tokens"),
                         ({"users": 2, "cache_salt": "yes"}, "cache_salt"), ({"users": 2, "x": 1}, "unknown"),
-                        ({"users": True}, "users")]:  # fmt: skip
+                        ({"users": True}, "users")]:
         with pytest.raises(InvalidInput, match=needle):
             parse_start({"type": "start", **bad})
 

@@ -92,7 +92,7 @@ async def turn(ws, conversation_id: str | None, content: str, max_tokens: int) -
     """Send one chat turn on `ws` (its frames are read by the scenario, keyed by request id)."""
     await ws.send(json.dumps({"type": "generate", "conversation_id": conversation_id,
                               "messages": [{"role": "user", "content": content}],
-                              "params": {"temperature": 0, "max_tokens": max_tokens}}))  # fmt: skip
+                              "params": {"temperature": 0, "max_tokens": max_tokens}}))
 
 
 @pytest.mark.slow

@@ -92,7 +92,7 @@ def test_malformed_frames_and_bad_params_get_errors_and_the_socket_survives(stac
         for bad, needle in [
             ("{oops", "not valid JSON"),
             (json.dumps({"type": "generate", "messages": [{"role": "user", "content": "x"}],
-                         "params": {"temperature": -1}}), "temperature"),  # fmt: skip
+                         "params": {"temperature": -1}}), "temperature"),
             (json.dumps({"type": "generate", "messages": [{"role": "assistant", "content": "x"}]}), "last message"),
             (json.dumps({"type": "cancel"}), "request_id"),
         ]:
@@ -153,7 +153,7 @@ def test_follow_up_turn_lands_on_the_same_worker_and_hits_its_prefix_cache(stack
         with open_socket(stack) as ws:
             _, _, first = run_turn(ws, chat, max_tokens=10)
             history = chat + [{"role": "assistant", "content": first["outputs"][0]["text"]},
-                              {"role": "user", "content": "And another one?"}]  # fmt: skip
+                              {"role": "user", "content": "And another one?"}]
             _, _, second = run_turn(ws, history, first["conversation_id"], max_tokens=4)
         assert second["worker"] == first["worker"]
         assert second["usage"]["cached_tokens"] > 0

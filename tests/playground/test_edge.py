@@ -53,7 +53,7 @@ def api_key():
 def api_post(path: str, body: str | bytes, key: str):
     async def post():
         return await AsyncClient().post(path, body, content_type="application/json",
-                                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+                                        headers={"Authorization": f"Bearer {key}"})
 
     return asyncio.run(post())
 
@@ -66,7 +66,7 @@ def test_api_refuses_invalid_unicode_with_400_streaming_or_not(monkeypatch, api_
     chat = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": text}], "stream": stream}
     completion = {"model": "smollm2-135m-instruct", "prompt": text, "stream": stream}
     for path, body, where in [("/v1/chat/completions", chat, "messages[0].content"),
-                              ("/v1/completions", completion, "prompt")]:  # fmt: skip
+                              ("/v1/completions", completion, "prompt")]:
         response = api_post(path, as_json(body), api_key)
         assert response.status_code == 400, response.content
         error = json.loads(response.content)["error"]

@@ -16,7 +16,7 @@ def test_embedded_command_migrates_serves_a_streamed_chat_and_stops(tmp_path):
         assert (tmp_path / "playground.sqlite3").exists()  # migrated on its own
         with connect(server.ws_url, origin=server.base_url, proxy=None) as ws:
             ws.send(json.dumps({"type": "generate", "messages": [{"role": "user", "content": "Say hello."}],
-                                "params": {"temperature": 0, "max_tokens": 4}}))  # fmt: skip
+                                "params": {"temperature": 0, "max_tokens": 4}}))
             frames = []
             while not frames or frames[-1]["type"] not in ("done", "error"):
                 frames.append(json.loads(ws.recv(timeout=300)))

@@ -29,7 +29,7 @@ def test_postgres_url():
     assert db["ENGINE"] == "django.db.backends.postgresql"
     assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
         "play", "bob", "p@ss", "db.example", "5433",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host/"])
@@ -56,7 +56,7 @@ def test_debug_is_off_by_default_and_the_secret_key_comes_from_the_environment_o
         environ = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG", "REDIS_URL"}}
         code = "import playground.settings as s; print(s.DEBUG, s.SECRET_KEY)"
         return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+                              text=True, timeout=60)
 
     var = str(tmp_path / "var")
     first = settings_of(PLAYGROUND_VAR_DIR=var).stdout.split()
@@ -76,7 +76,7 @@ def test_anonymous_use_and_the_keyless_api_default_on_only_for_the_one_process_m
         environ = {k: v for k, v in os.environ.items() if k not in names}
         env = {"SECRET_KEY": "test-only", **env}
         out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, **env}, capture_output=True,
-                             text=True, timeout=60, check=True)  # fmt: skip
+                             text=True, timeout=60, check=True)
         return tuple(out.stdout.split())
 
     redis = "redis://127.0.0.1:6379/0"

@@ -26,7 +26,7 @@ async def chat(stack: LiveStack, content: str, max_tokens: int, first_token: asy
     """One chat client: its last frame (done or error) with `at` (monotonic time it arrived) added."""
     async with connect(stack.ws_url, origin=stack.base_url, proxy=None, open_timeout=30) as ws:
         await ws.send(json.dumps({"type": "generate", "messages": [{"role": "user", "content": content}],
-                                  "params": {"temperature": 0, "max_tokens": max_tokens}}))  # fmt: skip
+                                  "params": {"temperature": 0, "max_tokens": max_tokens}}))
         while True:
             frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
             if frame["type"] == "token" and first_token is not None:
@@ -39,7 +39,7 @@ async def streaming_clients(stack: LiveStack, count: int) -> tuple[list[asyncio.
     """`count` clients with long replies, each past its first token."""
     started = [asyncio.Event() for _ in range(count)]
     tasks = [asyncio.create_task(chat(stack, f"Tell a long story about the number {i}.", LONG, started[i]))
-             for i in range(count)]  # fmt: skip
+             for i in range(count)]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
     return tasks, time.monotonic()
 
@@ -167,7 +167,7 @@ def test_the_engine_loop_raising_mid_stream(stack):
     assert errors and all(e["message"].startswith("generation failed") for e in errors), errors
     assert all(e["worker"] == "w2@faults" for e in ends if e["type"] == "done")
     stack.wait(lambda: {w["name"]: w["state"] for w in stack.health()["workers"]}.get("w1@faults") == "failed",
-               10, "w1 to report its engine failed")  # fmt: skip
+               10, "w1 to report its engine failed")
     time.sleep(2)  # w1 has stopped consuming: the new requests go to w2
     new_requests_work(stack, 4)
     assert_no_slot_held(stack.redis)

@@ -153,7 +153,7 @@ def test_websocket_frames_never_break_the_socket(server):
         fuzz()
         assert "started" in outcomes and "error" in outcomes
         ws.send(json.dumps({"type": "generate", "messages": [{"role": "user", "content": "Hi"}],
-                            "params": {"max_tokens": 2}}))  # fmt: skip
+                            "params": {"max_tokens": 2}}))
         assert json.loads(ws.recv(timeout=60))["type"] == "started"  # the socket still serves
         while json.loads(ws.recv(timeout=120))["type"] == "token":
             pass

@@ -39,11 +39,11 @@ ASGI_CASES = 400
 
 def fuzz(cases: int):
     return hypothesis_settings(max_examples=cases, deadline=None, suppress_health_check=list(HealthCheck),
-                               derandomize=True, database=None)  # fmt: skip
+                               derandomize=True, database=None)
 
 
 hostile_char = st.one_of(st.characters(), st.sampled_from(["\ud800", "\udbff", "\udfff", "\x00", "\u2028",
-                                                          "\ufeff", "\U0010ffff", '"', "\\", "[", "{"]))  # fmt: skip
+                                                          "\ufeff", "\U0010ffff", '"', "\\", "[", "{"]))
 text = st.text(hostile_char, max_size=16)
 numbers = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([10**400, -(10**400), 2**63, 2**53]), st.floats())
 json_values = st.recursive(
@@ -53,7 +53,7 @@ json_values = st.recursive(
 )
 sampling_values = st.fixed_dictionaries({}, optional={name: json_values for name in sampling.NAMES})
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "developer", "x"]),
-                                           "content": st.one_of(text, json_values)}), max_size=4)  # fmt: skip
+                                           "content": st.one_of(text, json_values)}), max_size=4)
 
 
 def with_junk(objects):
@@ -65,27 +65,27 @@ generate_frames = with_junk(st.fixed_dictionaries(
     {"type": st.sampled_from(["generate", "cancel", "other"])},
     optional={"messages": messages, "params": st.one_of(sampling_values, json_values),
               "conversation_id": json_values, "request_id": json_values},
-))  # fmt: skip
+))
 # vLLM's fields (schema.py) and the Responses API's (response_api.py).
 VLLM_FIELDS = sorted((EXTRA_SAMPLING | set(DEFAULT_ONLY) | PROMPT_FIELDS | TEMPLATE_FIELDS | response_api.FIELDS)
                      - set(sampling.NAMES) - {"model", "stream", "messages", "prompt", "stream_options", "logprobs", "top_logprobs"}
-                     | {"best_of"})  # fmt: skip
+                     | {"best_of"})
 api_bodies = with_junk(st.fixed_dictionaries(
     {"model": st.sampled_from([MODEL, "other"])},
     optional={"messages": messages, "prompt": st.one_of(text, json_values), "stream": json_values,
               "stream_options": json_values, "logprobs": json_values, "top_logprobs": json_values,
               "max_completion_tokens": json_values, **{name: json_values for name in sampling.NAMES},
               **{name: json_values for name in VLLM_FIELDS}},
-))  # fmt: skip
+))
 
 
 words = st.text(min_size=1, max_size=12).filter(str.strip)
 good_messages = st.builds(lambda first, last: first + [{"role": "user", "content": last}],
                           st.lists(st.fixed_dictionaries({"role": st.just("system"), "content": words}), max_size=1),
-                          words)  # fmt: skip
+                          words)
 good_sampling = {"temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1), "top_k": st.integers(-1, 50),
                  "max_tokens": st.integers(1, 8), "n": st.integers(1, 2), "seed": st.integers(0, 2**32),
-                 "stop": st.lists(words, max_size=2)}  # fmt: skip
+                 "stop": st.lists(words, max_size=2)}
 good_extras = {"min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(), "stop_token_ids": st.lists(st.integers(0, 50), max_size=2),
                "skip_special_tokens": st.booleans(), "include_stop_str_in_output": st.booleans(),
                "truncate_prompt_tokens": st.integers(1, 8), "echo": st.booleans(), "stream": st.booleans()}
@@ -97,7 +97,7 @@ valid_bodies = st.one_of(
     st.fixed_dictionaries({"model": st.just(MODEL), "prompt": prompts}, optional={**good_sampling, **good_extras}),
     st.fixed_dictionaries({"model": st.just(MODEL), "input": st.one_of(words, good_messages)},
                           optional={"instructions": words, "max_output_tokens": st.integers(1, 8), "stream": st.booleans()}),
-)  # fmt: skip
+)
 valid_frames = st.fixed_dictionaries({"type": st.just("generate"), "messages": good_messages},
                                      optional={"params": st.fixed_dictionaries({}, optional=good_sampling)})
 
@@ -105,7 +105,7 @@ valid_frames = st.fixed_dictionaries({"type": st.just("generate"), "messages": g
 def spoiled(valid):
     """A valid object with one field (known or not) set to anything at all."""
     return st.tuples(valid, st.one_of(text, st.sampled_from(["messages", "prompt", "params", *sampling.NAMES])),
-                     json_values).map(lambda t: {**t[0], t[1]: t[2]})  # fmt: skip
+                     json_values).map(lambda t: {**t[0], t[1]: t[2]})
 
 
 def nested(depth: int) -> str:
@@ -117,7 +117,7 @@ raw_frames = st.one_of(
     valid_bodies.map(json.dumps), spoiled(valid_bodies).map(json.dumps), api_bodies.map(json.dumps),
     json_values.map(json.dumps), text, st.integers(1, 60_000).map(nested),
     st.binary(max_size=24).map(lambda b: b.decode("latin-1")),
-)  # fmt: skip
+)
 
 
 def storable(value) -> None:
@@ -211,7 +211,7 @@ def test_the_asgi_application_never_answers_500(monkeypatch, capsys):
                 for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                     response = await client.post(path, raw.encode("utf-8", "surrogatepass"),
                                                  content_type="application/json",
-                                                 headers={"Authorization": f"Bearer {secret}"})  # fmt: skip
+                                                 headers={"Authorization": f"Bearer {secret}"})
                     statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                     if response.streaming:
                         async for _ in response.streaming_content:

@@ -159,7 +159,7 @@ def test_a_lost_done_is_detected_and_answered_with_an_error(monkeypatch, setting
 
     started, end, waited = asyncio.run(scenario())
     assert end == {"type": "error", "request_id": started["request_id"],
-                   "message": "the reply was lost: the GPU worker fake@test is no longer serving this request"}  # fmt: skip
+                   "message": "the reply was lost: the GPU worker fake@test is no longer serving this request"}
     assert waited < 5 and slots_taken() == 0
 
 
@@ -212,7 +212,7 @@ def test_the_engine_loop_failing_ends_every_stream_with_an_error_and_marks_the_w
 def test_twenty_cookieless_sockets_get_at_most_the_per_address_limit(monkeypatch, settings):
     """Each cookie-less socket is a new session: per-session limits let all 20 in where the limit is 16."""
     settings.PLAYGROUND_ANONYMOUS_LIMITS = {"max_concurrent_requests_per_address": 16,
-                                            "tokens_per_minute_per_address": 0, "max_concurrent_requests": 64}  # fmt: skip
+                                            "tokens_per_minute_per_address": 0, "max_concurrent_requests": 64}
 
     async def scenario():
         async with worker(monkeypatch, delay=0.05):

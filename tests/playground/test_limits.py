@@ -70,7 +70,7 @@ def test_cache_salt_is_per_user_and_off_by_default(settings):
 def anonymous_limits(settings, per_address: int, tokens_per_minute: int = 0, pool: int = 0) -> None:
     settings.PLAYGROUND_ANONYMOUS_LIMITS = {"max_concurrent_requests_per_address": per_address,
                                             "tokens_per_minute_per_address": tokens_per_minute,
-                                            "max_concurrent_requests": pool}  # fmt: skip
+                                            "max_concurrent_requests": pool}
 
 
 def test_socket_over_the_concurrency_limit_gets_an_error_event(monkeypatch, settings):

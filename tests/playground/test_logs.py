@@ -42,7 +42,7 @@ def test_each_asyncio_task_logs_its_own_request_id():
 
     lines = json_lines(lambda: asyncio.run(both()))
     assert sorted((line["message"], line["request_id"]) for line in lines) == [
-        ("between requests", None), ("serving", "a1"), ("serving", "b2")]  # fmt: skip
+        ("between requests", None), ("serving", "a1"), ("serving", "b2")]
     assert {line["level"] for line in lines} == {"INFO", "WARNING"} and all(line["time"].endswith("Z") for line in lines)
 
 

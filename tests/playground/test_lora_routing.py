@@ -59,9 +59,9 @@ def test_api_model_selects_the_adapter_on_both_endpoints(monkeypatch, api_key):
         async with worker(monkeypatch, lora_modules=MODULES) as (engine, submitted):
             client = AsyncClient()
             statuses = [(await client.post(path, body, content_type="application/json", headers=headers)).status_code
-                        for path, body in bodies]  # fmt: skip
+                        for path, body in bodies]
             unknown = await client.post("/v1/completions", {"model": "nope", "prompt": "x"},
-                                        content_type="application/json", headers=headers)  # fmt: skip
+                                        content_type="application/json", headers=headers)
             return statuses, unknown, engine.requests, submitted
 
     statuses, unknown, requests, submitted = asyncio.run(scenario())

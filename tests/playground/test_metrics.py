@@ -38,12 +38,12 @@ def engine_metrics(scale: int) -> dict:
         "cow_copies_total": 6 * scale, "weight_bytes": 94_000_000 * scale, "kv_pool_bytes": 48_000_000 * scale,
         "tensor_parallel_size": 2 * scale, "weight_bytes_per_rank": 47_000_000, "kv_pool_bytes_per_rank": 24_000_000,
         "quantization": "int4",
-    }  # fmt: skip
+    }
 
 
 def beat(name: str, scale: int, latency: LatencyStats, state: str = "ready") -> dict:
     heartbeat = {"name": name, "state": state, "model": "smollm2-135m-instruct",
-                 "metrics": engine_metrics(scale) if state == "ready" else {}, "latency": latency.export()}  # fmt: skip
+                 "metrics": engine_metrics(scale) if state == "ready" else {}, "latency": latency.export()}
     registry.beat(heartbeat)
     return heartbeat
 
@@ -76,7 +76,7 @@ def test_every_live_worker_appears_with_its_figures_under_vllm_names(client):
         assert families[name].type == "counter"
         assert values(families[name], name + "_total") == {
             "w1@a": engine_metrics(1)[key], "w2@b": engine_metrics(2)[key]
-        }  # fmt: skip
+        }
     sample = families["vllm:num_requests_running"].samples[0]
     assert sample.labels == {"worker": "w1@a", "model_name": "smollm2-135m-instruct"}
 
@@ -85,7 +85,7 @@ def test_every_live_worker_appears_with_its_figures_under_vllm_names(client):
     assert values(ttft, "vllm:time_to_first_token_seconds_count") == {"w1@a": 2, "w2@b": 0}
     assert values(ttft, "vllm:time_to_first_token_seconds_sum")["w1@a"] == pytest.approx(0.35)
     buckets = {s.labels["le"]: s.value for s in ttft.samples
-               if s.name.endswith("_bucket") and s.labels["worker"] == "w1@a"}  # fmt: skip
+               if s.name.endswith("_bucket") and s.labels["worker"] == "w1@a"}
     assert buckets["0.04"] == 0 and buckets["0.06"] == 1 and buckets["0.25"] == 1 and buckets["0.5"] == 2
     assert buckets["+Inf"] == 2
     itl = families["vllm:inter_token_latency_seconds"]
@@ -136,7 +136,7 @@ def test_request_phases_finish_reasons_and_queue_backlog_under_vllm_names(client
             connection.default_channel.queue_purge(GPU_QUEUE)
     for name, count, total in (("vllm:request_queue_time_seconds", 2, 1.1),
                                ("vllm:request_prefill_time_seconds", 2, 0.4),
-                               ("vllm:request_decode_time_seconds", 2, 1.2)):  # fmt: skip
+                               ("vllm:request_decode_time_seconds", 2, 1.2)):
         assert families[name].type == "histogram"
         assert values(families[name], name + "_count") == {"w1@a": count}
         assert values(families[name], name + "_sum")["w1@a"] == pytest.approx(total)

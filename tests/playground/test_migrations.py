@@ -29,11 +29,11 @@ def test_a_key_stored_before_the_move_authenticates_after_it():
     try:
         user = User.objects.create(username="olive")
         stored = old.get_model("api", "ApiKey").objects.create(user_id=user.pk, name="laptop", prefix=SECRET[:9],
-                                                                key_hash=hash_key(SECRET))  # fmt: skip
+                                                                key_hash=hash_key(SECRET))
         ContentType.objects.filter(app_label="accounts", model="apikey").delete()
         content_type = ContentType.objects.get_or_create(app_label="api", model="apikey")[0]
         permission = Permission.objects.create(name="Can view API key", content_type=content_type,
-                                               codename="view_apikey_before")  # fmt: skip
+                                               codename="view_apikey_before")
     finally:
         migrate(latest())
 

@@ -55,5 +55,5 @@ def test_migrations_and_a_saved_turn_on_postgres(database):
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=REPO, env=env, check=True, timeout=300)
     out = subprocess.run([*manage, "shell", "-v", "0", "-c", ROUND_TRIP], cwd=REPO, env=env, check=True, timeout=120,
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True)
     assert out.stdout.strip() == "['hello', 'hi']"

@@ -42,6 +42,6 @@ def test_starts_a_private_cluster_with_a_test_database_and_reuses_it():
 def test_postgres_test_fails_under_ci_where_no_server_answers(ci, outcome):
     env = {**os.environ, "CI": ci, "TEST_POSTGRES_DSN": f"host=127.0.0.1 port={free_port()} user=postgres dbname=test"}
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/playground/test_postgres.py"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert outcome in out.stdout and "no PostgreSQL at" in out.stdout, out.stdout[-2000:]
     assert (out.returncode == 0) == (ci != "true")

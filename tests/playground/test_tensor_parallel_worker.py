@@ -23,7 +23,7 @@ def engine_setting(**env: str) -> subprocess.CompletedProcess:
     code = "import playground.settings as s; print(s.PLAYGROUND_ENGINE['tensor_parallel_size'])"
     environ = {k: v for k, v in os.environ.items() if k != "PLAYGROUND_TENSOR_PARALLEL_SIZE"}
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**environ, "SECRET_KEY": "test-only", **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
 
 
 def test_the_setting_reaches_the_worker_engine():

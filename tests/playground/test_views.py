@@ -84,7 +84,7 @@ def test_transcript_sync_keeps_matching_prefix_and_branches_the_rest():
     conversation = store.open_conversation(None, "s1", None, HELLO)
     reply = {"outputs": [{"index": 0, "text": "Hi!", "finish_reason": "stop"}],
              "usage": {"prompt_tokens": 9, "completion_tokens": 2, "cached_tokens": 0},
-             "timing": {"ttft_ms": 5.0, "tokens_per_s": 10.0}}  # fmt: skip
+             "timing": {"ttft_ms": 5.0, "tokens_per_s": 10.0}}
     store.save_reply(conversation.id, "r1", reply, "w1@h")
     kept = list(conversation.messages.order_by("position"))
     # Regenerate: the same transcript without the reply shows the earlier turns, their rows kept; the old reply

@@ -27,7 +27,7 @@ def web(tmp_path_factory):
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True, timeout=120)
     with open(workdir / "web.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "manage.py", "web", "--port", str(port)], cwd=REPO, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                   stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_http(f"{base}/healthz", 60)

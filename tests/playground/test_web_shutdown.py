@@ -23,7 +23,7 @@ def start_web(workdir: Path, port: int) -> subprocess.Popen:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True, timeout=120)
     with open(workdir / f"web-{time.monotonic_ns()}.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "manage.py", "web", "--port", str(port)], cwd=REPO, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                   stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_http(f"http://127.0.0.1:{port}/healthz", 60)
     except TimeoutError:

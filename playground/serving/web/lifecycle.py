@@ -137,7 +137,7 @@ class Collector:
         if self._failure is not None:
             raise self._failure
         chunks = [{"index": i, "seq": self._seq + k, "text": "".join(parts)}
-                  for k, (i, parts) in enumerate(sorted(self._text.items()))]  # fmt: skip
+                  for k, (i, parts) in enumerate(sorted(self._text.items()))]
         self._seq += len(chunks)
         self._text.clear()
         return Update(chunks, self._done)
@@ -191,7 +191,7 @@ class Generation:
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)
             raise GenerationFailed("could not queue the request: the task broker is unavailable",
-                                   "unavailable") from exc  # fmt: skip
+                                   "unavailable") from exc
 
     async def _receive(self) -> None:
         """Feed the collector until the request ends; a channel-layer failure fails the request."""
@@ -203,7 +203,7 @@ class Generation:
         except Exception:
             logger.exception("lost the channel layer while serving request %s", self.request_id)
             self.collector.fail(GenerationFailed("the server lost its channel layer (Redis) mid-reply",
-                                                 "unavailable"))  # fmt: skip
+                                                 "unavailable"))
 
     async def updates(self) -> AsyncIterator[Update]:
         """The request's updates until the one carrying `done`; raises GenerationFailed instead of the
@@ -266,7 +266,7 @@ class Generation:
             if not self.collector.finished:
                 await self._abort()
             await _quietly(self._layer.group_discard(request_group(self.request_id), self._channel), "leave group",
-                           self.request_id)  # fmt: skip
+                           self.request_id)
 
         def settle() -> None:
             self._slot.release()

@@ -63,7 +63,7 @@ FIELDS: tuple[Field, ...] = (
           help="blank for a random seed"),
     Field("stop", "strings", [], cap="max_stop", label="Stop sequences", control="lines", advanced=True,
           help="one per line; write \\n for a newline"),
-)  # fmt: skip
+)
 NAMES = frozenset(f.name for f in FIELDS)
 
 # What OpenAI's API does where the playground differs (docs/api.md): temperature 1, 16 tokens for completions.
@@ -96,7 +96,7 @@ def page_specs(limits: Mapping[str, int]) -> list[dict[str, Any]]:
          "min_open": f.low_open, "step": f.step, "value": base[f.name], "help": f.help, "advanced": f.advanced,
          **({"max_length": limits["max_stop_length"]} if f.kind == "strings" else {})}
         for f in FIELDS
-    ]  # fmt: skip
+    ]
 
 
 def _check(spec: Field, value: Any, limits: Mapping[str, int]) -> Any:

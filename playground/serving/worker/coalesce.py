@@ -73,7 +73,7 @@ class _Request:
 
     def take_chunks(self) -> list[Chunk]:
         chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts)}
-                  for k, (i, parts) in enumerate(sorted(self.pending.items()))]  # fmt: skip
+                  for k, (i, parts) in enumerate(sorted(self.pending.items()))]
         self.seq += len(chunks)
         self.pending.clear()
         return chunks

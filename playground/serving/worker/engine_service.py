@@ -112,14 +112,14 @@ class EngineService:
                 raise ValueError(f"unknown LoRA adapter {job.adapter!r}")
             # Ids follow PLAYGROUND_LORA_MODULES's order, so every worker gives a name the same id.
             lora_request = LoRARequest(job.adapter, list(self._lora_modules).index(job.adapter) + 1,
-                                       self._lora_modules[job.adapter])  # fmt: skip
+                                       self._lora_modules[job.adapter])
         chat_options = {"add_generation_prompt": job.add_generation_prompt,
                         "continue_final_message": job.continue_final_message, **job.chat_template_kwargs}
         prompt, messages = job.prompt, job.messages
         fitted = None
         if job.fit_window and messages is not None:
             fitted = fit_conversation(messages, job.params.get("max_tokens") or 1, engine.engine.max_model_len,
-                                      lambda turns: engine.encode_chat(turns, **chat_options))  # fmt: skip
+                                      lambda turns: engine.encode_chat(turns, **chat_options))
             messages = fitted.messages
         if job.truncate_prompt_tokens is not None:  # vLLM's meaning: keep the prompt's last k tokens
             if messages is not None:
@@ -130,7 +130,7 @@ class EngineService:
         try:
             stream = engine.add_request(prompt, SamplingParams(**job.params), request_id=request_id, messages=messages,
                                         cache_salt=job.cache_salt, lora_request=lora_request,
-                                        chat_options=chat_options)  # fmt: skip
+                                        chat_options=chat_options)
         except EngineDeadError as exc:  # the loop died since wait_ready looked
             raise EngineUnavailable(f"the engine loop failed: {exc}") from exc
         if fitted is not None:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 # vLLM's bucket bounds (vllm/v1/metrics/loggers.py), in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+                40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-               80.0)  # fmt: skip
+               80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-               960.0, 1920.0, 7680.0)  # fmt: skip
+               960.0, 1920.0, 7680.0)
 
 RECENT_REQUESTS = 256  # TTFT and e2e percentiles are over this many latest requests
 RECENT_TOKENS = 4096  # inter-token latency percentiles over this many latest gaps
@@ -127,7 +127,7 @@ class LatencyStats:
                 self.histograms["e2e"].observe(times.finished_time - times.arrival_time)
             phases = (("queue", times.arrival_time, times.first_scheduled_time),
                       ("prefill", times.first_scheduled_time, times.first_token_time),
-                      ("decode", times.first_token_time, times.last_token_time))  # fmt: skip
+                      ("decode", times.first_token_time, times.last_token_time))
             for name, start, end in phases:
                 if start is not None and end is not None:
                     self.histograms[name].observe(end - start)
