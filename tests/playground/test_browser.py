@@ -125,7 +125,7 @@ def test_prompt_streams_and_stop_cancels(server, page):
     page.keyboard.press("Enter")
 
     reply = page.locator(".msg-assistant").last
-    assert page.locator(".msg-user").last.inner_text() == "Write a long story about a dragon who learns to bake bread."
+    assert page.locator(".msg-user .msg-body").last.inner_text() == "Write a long story about a dragon who learns to bake bread."
     assert page.locator("#stop").is_visible() and not page.locator("#send").is_visible()
     # Tokens stream: the reply shows text while still streaming, and that text then grows.
     page.wait_for_function(
@@ -167,7 +167,7 @@ def test_enter_sends_shift_enter_adds_a_line_and_reply_shows_stats(server, page)
 
     page.keyboard.press("Enter")
     assert page.input_value("#prompt") == ""
-    assert page.locator(".msg-user").last.inner_text() == "Name a colour.\nOne word."
+    assert page.locator(".msg-user .msg-body").last.inner_text() == "Name a colour.\nOne word."
     reply = page.locator(".msg-assistant").last
     page.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
                            timeout=120_000)
@@ -210,7 +210,7 @@ def test_history_opens_a_saved_conversation_and_new_chat_clears_it(server, page)
     login(page, base_url, "/")
     page.locator(f'#conv-list li[data-id="{conversation_id}"] a').click()
     page.wait_for_url(f"{base_url}/c/{conversation_id}/")
-    assert page.locator(".msg-user").inner_text() == "Say something dangerous"
+    assert page.locator(".msg-user .msg-body").inner_text() == "Say something dangerous"
     assert page.locator("#chat-title").inner_text() == "Say something dangerous"
     reply = page.locator(".msg-assistant")
     assert reply.locator('[data-stat="prompt_tokens"] .stat-value').inner_text() == "12"
@@ -223,7 +223,7 @@ def test_history_opens_a_saved_conversation_and_new_chat_clears_it(server, page)
     assert page.locator("#chat-title").inner_text() == "New chat"
     page.go_back()
     page.wait_for_selector(".msg-assistant")
-    assert page.locator(".msg-user").inner_text() == "Say something dangerous"
+    assert page.locator(".msg-user .msg-body").inner_text() == "Say something dangerous"
 
 
 def test_script_in_a_reply_renders_as_text(server, page):
@@ -259,7 +259,7 @@ def test_markdown_renderer_builds_only_safe_nodes(server, page):
           return {
             tags: [...box.querySelectorAll('*')].map((e) => e.tagName.toLowerCase()),
             hrefs: [...box.querySelectorAll('a')].map((a) => a.getAttribute('href')),
-            code: box.querySelector('pre code').textContent,
+            code: box.querySelector('pre code').textContent.trimEnd(),  // markdown-it ends a fence with a newline
             text: box.textContent,
           };
         }"""

@@ -146,7 +146,8 @@ def test_a_sigtermed_worker_finishes_its_stream_while_follow_ups_go_to_the_other
         long_frames = frames[long_id]
         long_done = ends[long_id]
         assert long_done["worker"] == x  # sticky: the second turn went to X's own queue
-        assert long_done["outputs"][0]["finish_reason"] == "length" and long_done["usage"]["completion_tokens"] == 200
+        # Its own end (the length limit, or the model's end of turn), not the shutdown's abort.
+        assert long_done["outputs"][0]["finish_reason"] in ("length", "stop")
         assert long_frames[-1]["at"] - long_frames[0]["at"] > 10  # longer than Docker's default stop timeout
         assert long_done["at"] - sigterm_at > 5  # it was mid-stream when X was told to stop
         follow_up = next(end for rid, end in ends.items() if rid not in (long_id, list(frames)[0]))

@@ -28,6 +28,7 @@ c = store.open_conversation(None, "session-1", None, [{"role": "user", "content"
 store.save_reply(c.id, "r1", {"outputs": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0},
                               "timing": {"ttft_ms": 1.0, "tokens_per_s": 1.0}}, "w@h")
+c.refresh_from_db()  # save_reply moved the shown branch's leaf to the reply
 print([m["content"] for m in store.conversation_detail(c)["messages"]])
 """
 
