@@ -2,11 +2,18 @@
 admitted slowly must not hold up the tokens of every other request on the worker (the loop carries them all).
 The real runtime, engine service and in-memory channel layer around the scripted engine (fake_worker.py)."""
 import asyncio
+import threading
 import time
 
 import pytest
 from django.conf import settings
+from fake_engine import FakeStreamingEngine
 from fake_worker import connect, generate, until_end, worker
+
+from playground.serving.shared import registry
+from playground.serving.worker.bridge import LoopBridge
+from playground.serving.worker.engine_service import EngineService
+from playground.serving.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,3 +55,40 @@ def test_abort_during_a_slow_submit_does_not_delay_other_streams(monkeypatch):
     done = slow_frames[-1]
     assert done["type"] == "done" and done["outputs"][0]["finish_reason"] == "abort"
     assert slow_started["request_id"] in engine.aborted
+
+
+
+def test_a_heartbeat_read_before_the_drain_never_overwrites_its_draining_entry(monkeypatch):
+    """The heartbeat thread reads the worker's state, SIGTERM starts the drain, which writes "draining"; the
+    heartbeat's older reading must not be written after it, or dispatch sends sticky follow-ups to a leaving
+    worker (the race that failed tests/playground/test_drain.py in CI)."""
+    service = EngineService({}, engine_factory=lambda **kwargs: FakeStreamingEngine(0.01))
+    rt = WorkerRuntime("race@test", service, LoopBridge(None))  # not started: only its registry writes matter
+    reading, release = threading.Event(), threading.Event()
+    written: list[str] = []
+    heartbeat, real_beat = rt.heartbeat, registry.beat
+
+    def stale_heartbeat():
+        info = heartbeat()
+        if threading.current_thread().name == "stale-beat":
+            reading.set()
+            release.wait(5)  # the drain begins while this reading is in hand
+        return info
+
+    monkeypatch.setattr(rt, "heartbeat", stale_heartbeat)
+    monkeypatch.setattr(registry, "beat", lambda info: (written.append(info["state"]), real_beat(info)))
+    stale = threading.Thread(target=rt.beat, name="stale-beat")
+    stale.start()
+    assert reading.wait(5)
+    rt.drain.started.set()  # what Drain.begin does before its announce
+    announce = threading.Thread(target=rt.beat)
+    announce.start()
+    time.sleep(0.2)
+    release.set()
+    for thread in (stale, announce):
+        thread.join(5)
+    try:
+        assert written == ["loading", "draining"], written
+        assert registry.get(rt.name)["state"] == "draining"
+    finally:
+        registry.forget(rt.name)

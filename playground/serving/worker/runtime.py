@@ -64,6 +64,9 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         self._abort_listener: Future | None = None
         self._aborter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-abort")
+        # Serialises registry writes: a heartbeat read before the drain began must not land after the drain's
+        # "draining" entry and put "ready" back (dispatch would then route sticky follow-ups to a leaving worker).
+        self._beat_lock = threading.Lock()
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
         self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
         self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
@@ -125,8 +128,9 @@ class WorkerRuntime:
 
     def beat(self) -> dict[str, Any]:
         """Rewrite this worker's registry entry now, and return it."""
-        beat = self.heartbeat()
-        registry.beat(beat)
+        with self._beat_lock:
+            beat = self.heartbeat()
+            registry.beat(beat)
         return beat
 
     def _heartbeat_loop(self) -> None:
