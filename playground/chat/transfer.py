@@ -19,7 +19,7 @@ writes every conversation in one transaction, owned by the importing user (or an
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -175,7 +175,7 @@ def _parse_time(value: Any, path: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         raise InvalidInput(f"{path}: must be an ISO 8601 date and time") from None
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, timezone.utc)
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
 
 
 def import_conversations(document: Any, user, session_key: str) -> list[Conversation]:

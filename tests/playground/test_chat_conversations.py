@@ -364,3 +364,13 @@ def test_an_imported_conversation_keeps_its_tree_and_shows_its_leaf(ada):
     assert len(detail["messages"][1]["siblings"]) == 2
     assert detail["messages"][1]["samples"] == ["a branch", "b"]
     assert detail["messages"][1]["finish_reason"] == "length"
+
+
+def test_imported_times_are_kept_and_a_time_without_zone_is_utc(ada):
+    document = valid_document()
+    document["conversations"][0].update(created_at="2026-01-02T03:04:05", updated_at="2026-02-03T04:05:06+02:00")
+    (summary,) = ada.post(f"{LIST}import/", json.dumps(document), content_type="application/json").json()[
+        "conversations"]
+    imported = Conversation.objects.get(id=summary["id"])
+    assert imported.created_at.isoformat() == "2026-01-02T03:04:05+00:00"
+    assert imported.updated_at.isoformat() == "2026-02-03T02:05:06+00:00"
