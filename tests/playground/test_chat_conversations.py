@@ -328,7 +328,7 @@ def test_import_refuses_what_is_not_a_json_object_and_files_over_the_cap(ada, mo
         assert response.status_code == 400 and response.json()["error"] == error
     monkeypatch.setattr(transfer, "MAX_IMPORT_BYTES", 100)
     response = ada.post(f"{LIST}import/", json.dumps(valid_document()), content_type="application/json")
-    assert response.status_code == 413 and response.json()["error"].startswith("file: larger than 100 bytes")
+    assert response.status_code == 413 and response.json()["error"] == "file larger than 100 bytes"
     assert Conversation.objects.count() == 0
 
 
@@ -374,3 +374,20 @@ def test_imported_times_are_kept_and_a_time_without_zone_is_utc(ada):
     imported = Conversation.objects.get(id=summary["id"])
     assert imported.created_at.isoformat() == "2026-01-02T03:04:05+00:00"
     assert imported.updated_at.isoformat() == "2026-02-03T02:05:06+00:00"
+
+
+def test_a_file_larger_than_the_api_body_cap_imports(ada, settings):
+    """An export is often larger than the 1 MiB that other request bodies may be; the import has its own cap."""
+    document = valid_document()
+    long_text = "y" * (transfer.MAX_CONTENT_CHARS - 1)
+    document["conversations"][0]["messages"] += [
+        {"id": i, "parent": i - 1, "role": "user" if i % 2 == 0 else "assistant", "content": long_text}
+        for i in range(2, 10)]
+    document["conversations"][0]["leaf"] = 9
+    body = json.dumps(document)
+    assert len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    response = ada.post(f"{LIST}import/", body, content_type="application/json")
+    assert response.status_code == 201
+    imported = Conversation.objects.get(id=response.json()["conversations"][0]["id"])
+    assert [len(m.content) for m in store.active_path(imported)][2:] == [len(long_text)] * 8
+    assert [m.position for m in store.active_path(imported)] == list(range(10))
