@@ -153,7 +153,9 @@ def export(request: HttpRequest, conversation_id=None) -> HttpResponse:
         conversations = [_get_owned(request, conversation_id)]
         name = f"conversation-{conversation_id}"
     else:
-        conversations = list(_owned(request).prefetch_related("messages"))
+        owned = _owned(request)
+        # Markdown walks each one's branch shown: its messages in one more query, not one per conversation
+        conversations = list(owned.prefetch_related("messages") if fmt == "markdown" else owned)
         name = f"conversations-{timezone.now():%Y%m%d-%H%M%S}"
     if fmt == "json":
         body = json.dumps(transfer.export_json(conversations), ensure_ascii=False, indent=1)

@@ -229,6 +229,9 @@ def test_exporting_everything_exports_only_the_callers_conversations(ada, branch
     document = json.loads(ada.get(f"{LIST}export/").content)
     assert [c["title"] for c in document["conversations"]] == ["second chat", "q1"]
     assert document["conversations"][0]["pinned"] is True
+    markdown = ada.get(f"{LIST}export/", {"format": "markdown"}).content.decode()
+    assert markdown.index("# second chat\n") < markdown.index("\n---\n") < markdown.index("# q1\n")
+    assert markdown.count("# q1\n") == 1  # not mallory's copy
     # a round trip of the whole file into an anonymous session
     anonymous = Client()
     anonymous.get("/")
