@@ -12,8 +12,8 @@ class MessageInline(admin.TabularInline):
 
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
-    list_display = ("title", "user", "session_key", "last_worker", "updated_at")
-    list_filter = ("updated_at",)
+    list_display = ("title", "user", "session_key", "pinned", "last_worker", "updated_at")
+    list_filter = ("pinned", "updated_at")
     search_fields = ("title", "user__username", "messages__content")
     inlines = [MessageInline]
 

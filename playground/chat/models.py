@@ -11,6 +11,9 @@ from django.db import models
 from django.db.models import Q, QuerySet
 
 
+TITLE_MAX_CHARS = 200
+
+
 class ConversationQuerySet(models.QuerySet):
     def owned_by(self, user, session_key: str | None) -> "QuerySet[Conversation]":
         """Conversations visible to this user (or to this anonymous session)."""
@@ -27,7 +30,8 @@ class Conversation(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="conversations"
     )
     session_key = models.CharField(max_length=40, blank=True, db_index=True, help_text="owner when anonymous")
-    title = models.CharField(max_length=200, blank=True)
+    title = models.CharField(max_length=TITLE_MAX_CHARS, blank=True)
+    pinned = models.BooleanField(default=False, help_text="pinned conversations come first in the list")
     last_worker = models.CharField(
         max_length=255, blank=True, help_text="worker that served the last turn; its prefix cache holds the history"
     )
@@ -41,7 +45,8 @@ class Conversation(models.Model):
     objects = ConversationQuerySet.as_manager()
 
     class Meta:
-        ordering = ["-updated_at"]
+        ordering = ["-pinned", "-updated_at", "-id"]  # the sidebar's order; listing.py pages through it
+        indexes = [models.Index(fields=["user", "-pinned", "-updated_at", "-id"], name="conversation_list_order")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(user__isnull=False) | ~Q(session_key=""), name="conversation_has_owner"

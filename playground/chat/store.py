@@ -6,7 +6,9 @@ from uuid import UUID
 
 from django.db import transaction
 
-from .models import Conversation, Message
+from playground.serving.web.edge import InvalidInput
+
+from .models import TITLE_MAX_CHARS, Conversation, Message
 
 TITLE_CHARS = 60
 
@@ -25,10 +27,9 @@ def open_conversation(
     differs starts a new branch beside the old one, which stays. So an edited message or a regenerated reply
     keeps what it replaces. The conversation's `leaf` becomes the last of `messages`.
     """
-    owner = {"user": user} if user is not None and user.is_authenticated else {"session_key": session_key}
     with transaction.atomic():
         if conversation_id is None:
-            conversation = Conversation.objects.create(**owner)
+            conversation = Conversation.objects.create(**owner_fields(user, session_key))
         else:
             conversation = (
                 Conversation.objects.owned_by(user, session_key).select_for_update().filter(id=conversation_id).first()
@@ -54,6 +55,40 @@ def open_conversation(
             conversation.title = " ".join(first_user.split())[:TITLE_CHARS]
         conversation.save()
     return conversation
+
+
+def owner_fields(user, session_key: str) -> dict:
+    """The owner of a conversation this caller creates: the signed-in user, else the anonymous session."""
+    return {"user": user} if user is not None and user.is_authenticated else {"session_key": session_key}
+
+
+def update_conversation(conversation: Conversation, changes: dict) -> None:
+    """Rename and/or pin a conversation (`changes`: a PATCH body, `{"title": str, "pinned": bool}`, either or
+    both). Neither counts as activity: `updated_at` is kept, so renaming or pinning does not reorder the list
+    by recency. Raises InvalidInput naming the field at fault; nothing is changed then."""
+    unknown = sorted(set(changes) - {"title", "pinned"})
+    if unknown:
+        raise InvalidInput(f"{unknown[0]}: unknown field (a conversation's title and pinned can be changed)")
+    if not changes:
+        raise InvalidInput("title or pinned: nothing to change")
+    fields = {}
+    if "title" in changes:
+        title = changes["title"]
+        if not isinstance(title, str):
+            raise InvalidInput("title: must be a string")
+        title = " ".join(title.split())
+        if not title:
+            raise InvalidInput("title: must not be empty")
+        if len(title) > TITLE_MAX_CHARS:
+            raise InvalidInput(f"title: at most {TITLE_MAX_CHARS} characters (this one has {len(title)})")
+        fields["title"] = title
+    if "pinned" in changes:
+        if not isinstance(changes["pinned"], bool):
+            raise InvalidInput("pinned: must be true or false")
+        fields["pinned"] = changes["pinned"]
+    Conversation.objects.filter(id=conversation.id).update(**fields)
+    for name, value in fields.items():
+        setattr(conversation, name, value)
 
 
 def save_reply(conversation_id: UUID, request_id: str, done: dict, worker: str, parent_id: int | None = None) -> Message:
@@ -140,4 +175,5 @@ def conversation_detail(conversation: Conversation) -> dict:
 
 
 def conversation_summary(conversation: Conversation) -> dict:
-    return {"id": str(conversation.id), "title": conversation.title, "updated_at": conversation.updated_at.isoformat()}
+    return {"id": str(conversation.id), "title": conversation.title, "pinned": conversation.pinned,
+            "updated_at": conversation.updated_at.isoformat()}

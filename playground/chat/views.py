@@ -1,4 +1,5 @@
 """The chat page and the conversation JSON endpoints (docs/protocol.md, "Pages")."""
+import json
 from functools import wraps
 
 from django.conf import settings
@@ -6,19 +7,29 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from playground.accounts.access import may_use_playground
 from playground.serving.web import sampling
-from playground.serving.web.edge import CLOSE_CODES
+from playground.serving.web.edge import CLOSE_CODES, InvalidInput, TooLarge, parse_json_object
 from playground.serving.web.models import served_models
 
+from . import transfer
+from .listing import list_page
 from .models import Conversation
-from .store import ConversationNotFound, conversation_detail, conversation_summary, delete_message, show_branch
+from .store import (
+    ConversationNotFound,
+    conversation_detail,
+    conversation_summary,
+    delete_message,
+    show_branch,
+    update_conversation,
+)
 from .window import meter_config
 
 WS_PATH = "/ws/chat/"
-MAX_LISTED = 100
+EXPORT_FORMATS = {"json": "application/json", "markdown": "text/markdown; charset=utf-8"}
 
 
 def chat_access(view):
@@ -74,7 +85,7 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
         "conversation": conversation_detail(active) if active else None,
     }
     context = {
-        "conversations": list(_owned(request)[:MAX_LISTED]),
+        "conversations": list_page(_owned(request)).conversations,
         "active_conversation": active,
         "ws_path": WS_PATH,
         "limits": settings.PLAYGROUND_LIMITS,
@@ -83,20 +94,91 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
     return render(request, "chat/index.html", context)
 
 
+def refusing(view):
+    """A refused input (InvalidInput: its message names the field) is a 400, or a 413 when it is too large."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except InvalidInput as exc:
+            return JsonResponse({"error": str(exc)}, status=413 if isinstance(exc, TooLarge) else 400)
+
+    return wrapper
+
+
+def _params(request: HttpRequest, known: set[str]) -> dict[str, str]:
+    unknown = sorted(set(request.GET) - known)
+    if unknown:
+        raise InvalidInput(f"{unknown[0]}: unknown parameter (this endpoint takes {', '.join(sorted(known))})")
+    return request.GET.dict()
+
+
 @require_GET
 @chat_access
+@refusing
 def conversation_list(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"conversations": [conversation_summary(c) for c in _owned(request)[:MAX_LISTED]]})
+    """A page of the caller's conversations (pinned first, then newest), searched by `q`, after `cursor`."""
+    params = _params(request, {"q", "cursor"})
+    page = list_page(_owned(request), params.get("q", ""), params.get("cursor"))
+    return JsonResponse({"conversations": [conversation_summary(c) for c in page.conversations],
+                         "next": page.next_cursor})
 
 
-@require_http_methods(["GET", "DELETE"])
+@require_http_methods(["GET", "PATCH", "DELETE"])
 @chat_access
+@refusing
 def conversation(request: HttpRequest, conversation_id) -> HttpResponse:
     found = _get_owned(request, conversation_id)
     if request.method == "DELETE":
         found.delete()
         return HttpResponse(status=204)
+    if request.method == "PATCH":
+        limits = settings.PLAYGROUND_LIMITS
+        body = parse_json_object(request.body, limits["max_frame_bytes"], limits["max_json_depth"], "request body")
+        update_conversation(found, body)
+        return JsonResponse(conversation_summary(found))
     return JsonResponse(conversation_detail(found))
+
+
+@require_GET
+@chat_access
+@refusing
+def export(request: HttpRequest, conversation_id=None) -> HttpResponse:
+    """Download one conversation (or, without an id, all the caller's) as JSON (the tree) or Markdown."""
+    fmt = _params(request, {"format"}).get("format", "json")
+    if fmt not in EXPORT_FORMATS:
+        raise InvalidInput(f"format: must be one of {', '.join(EXPORT_FORMATS)}")
+    if conversation_id is not None:
+        conversations = [_get_owned(request, conversation_id)]
+        name = f"conversation-{conversation_id}"
+    else:
+        owned = _owned(request)
+        # Markdown walks each one's branch shown: its messages in one more query, not one per conversation
+        conversations = list(owned.prefetch_related("messages") if fmt == "markdown" else owned)
+        name = f"conversations-{timezone.now():%Y%m%d-%H%M%S}"
+    if fmt == "json":
+        body = json.dumps(transfer.export_json(conversations), ensure_ascii=False, indent=1)
+    else:
+        body = transfer.export_markdown(conversations)
+    response = HttpResponse(body, content_type=EXPORT_FORMATS[fmt])
+    extension = "json" if fmt == "json" else "md"
+    response["Content-Disposition"] = f'attachment; filename="{name}.{extension}"'
+    return response
+
+
+@require_POST
+@chat_access
+@refusing
+def import_conversations(request: HttpRequest) -> JsonResponse:
+    """Import an exported JSON file (the request body): all its conversations, owned by the caller, or none."""
+    # request.read(), not request.body: an export may be larger than the API's body cap, and has its own; one
+    # byte over it is enough to refuse it (parse_json_object: 413)
+    raw = request.read(transfer.MAX_IMPORT_BYTES + 1)
+    document = parse_json_object(raw, transfer.MAX_IMPORT_BYTES, settings.PLAYGROUND_LIMITS["max_json_depth"],
+                                 "file")
+    created = transfer.import_conversations(document, request.user, request.session.session_key)
+    return JsonResponse({"conversations": [conversation_summary(c) for c in created]}, status=201)
 
 
 @require_http_methods(["POST", "DELETE"])

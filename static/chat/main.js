@@ -82,7 +82,14 @@ const transcript = new Transcript(els.messages, {
 const historyList = new ConversationList($("conv-list"), $("conv-empty"), {
   onOpen: (id) => openConversation(id, { push: true }),
   onDelete: (id) => deleteConversation(id),
+  onPin: (id, pinned) => pinConversation(id, pinned),
+  onRename: (id, title) => renameConversation(id, title),
 });
+
+/** The sidebar list's search and paging: `next` is the cursor of the page after the ones shown; `generation`
+ * counts reloads from the first page, so a page that arrives after a newer reload is dropped. */
+const history = { query: "", next: null, loading: false, generation: 0 };
+const SEARCH_DELAY_MS = 250;
 
 const kvPanel = new KvPanel({ figures: $("kv-figures"), charts: $("kv-charts"), worker: $("kv-worker"),
   idle: $("kv-idle") });
@@ -407,7 +414,7 @@ function handleDone(msg) {
   endActive();
   updateMeter();
   scrollToEnd();
-  refreshHistory();
+  loadHistory();
   syncTree();
 }
 
@@ -438,18 +445,46 @@ function handleFrame(msg) {
 
 // ---------------------------------------------------------------- conversations
 
-async function refreshHistory() {
+/** Reload the sidebar list from its first page (or, with `more`, add the next page below it). */
+async function loadHistory({ more = false } = {}) {
+  if (more && (!history.next || history.loading)) return;
+  const generation = more ? history.generation : ++history.generation;
+  history.loading = true;
   try {
-    const conversations = await api.list();
-    historyList.render(conversations);
-    const current = conversations.find((c) => c.id === state.conversationId);
-    if (current) {
-      els.title.textContent = current.title || "Untitled";
-      document.title = `${current.title || "Untitled"} · Chat · Paged Playground`;
-    }
+    const page = await api.list({ query: history.query, cursor: more ? history.next : null });
+    if (generation !== history.generation) return;
+    historyList.render(page.conversations, { append: more });
+    history.next = page.next;
+    $("conv-more").hidden = !page.next;
+    $("conv-empty").textContent = history.query ? "No conversation matches." : "No conversations yet.";
+    const current = page.conversations.find((c) => c.id === state.conversationId);
+    if (current) showTitle(current.title);
   } catch (err) {
     console.warn(err);
+  } finally {
+    if (generation === history.generation) history.loading = false;
   }
+}
+
+function showTitle(title) {
+  els.title.textContent = title || "Untitled";
+  document.title = `${title || "Untitled"} · Chat · Paged Playground`;
+}
+
+/** A line under the sidebar's tools: what an import did, or why a sidebar action failed. */
+function showHistoryStatus(message, { error = false } = {}) {
+  const status = $("conv-status");
+  status.textContent = message;
+  status.classList.toggle("error", error);
+  status.hidden = !message;
+}
+
+/** Point the toolbar's export links at the conversation shown (hidden for a new chat). */
+function showExportLinks(id) {
+  $("conv-export").hidden = !id;
+  if (!id) return;
+  $("export-json").href = api.exportUrl(id, "json");
+  $("export-markdown").href = api.exportUrl(id, "markdown");
 }
 
 function resetConversation() {
@@ -461,6 +496,7 @@ function resetConversation() {
   els.system.value = "";
   updateSystemSummary();
   els.title.textContent = "New chat";
+  showExportLinks(null);
   historyList.setActive(null);
   showError("");
   updateEmptyState();
@@ -474,6 +510,7 @@ function showConversation(conv) {
   els.system.value = conv.system_prompt ?? "";
   updateSystemSummary();
   els.title.textContent = conv.title || "Untitled";
+  showExportLinks(conv.id);
   historyList.setActive(conv.id);
   for (const m of conv.messages ?? []) {
     if (m.role === "system") continue;
@@ -521,7 +558,66 @@ async function deleteConversation(id) {
     resetConversation();
     window.history.pushState({}, "", "/");
   }
-  refreshHistory();
+  loadHistory();
+}
+
+/** Save a new title (the list's inline rename); rejects with the server's reason, which the list shows. */
+async function renameConversation(id, title) {
+  const summary = await api.update(id, { title });
+  if (id === state.conversationId) showTitle(summary.title);
+  return summary;
+}
+
+/** Pin or unpin; the list reloads (pinned ones first) and the keyboard focus stays on that button. */
+async function pinConversation(id, pinned) {
+  try {
+    await api.update(id, { pinned });
+  } catch (err) {
+    showHistoryStatus(`Could not ${pinned ? "pin" : "unpin"} it (${err.message}).`, { error: true });
+    return;
+  }
+  await loadHistory();
+  $("conv-list").querySelector(`li[data-id="${CSS.escape(id)}"] .conv-pin`)?.focus();
+}
+
+async function importConversations(file) {
+  try {
+    const made = await api.importFile(await file.text());
+    showHistoryStatus(`Imported ${made.length} conversation${made.length === 1 ? "" : "s"}.`);
+  } catch (err) {
+    showHistoryStatus(`Nothing was imported: ${err.message}`, { error: true });
+    return;
+  }
+  $("conv-search").value = "";
+  history.query = "";
+  await loadHistory();
+}
+
+function wireHistory() {
+  const search = $("conv-search");
+  let searchTimer = null;
+  search.addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => {
+      history.query = search.value.trim();
+      loadHistory();
+    }, SEARCH_DELAY_MS);
+  });
+  const more = $("conv-more");
+  more.addEventListener("click", () => loadHistory({ more: true }));
+  // Infinite scroll: the next page loads as the "Load more" button scrolls into view.
+  new IntersectionObserver((entries) => {
+    if (entries.some((e) => e.isIntersecting)) loadHistory({ more: true });
+  }).observe(more);
+  $("export-all-json").href = api.exportUrl(null, "json");
+  $("export-all-markdown").href = api.exportUrl(null, "markdown");
+  const fileInput = $("import-file");
+  $("import-button").addEventListener("click", () => fileInput.click());
+  fileInput.addEventListener("change", () => {
+    const [file] = fileInput.files;
+    fileInput.value = "";
+    if (file) importConversations(file);
+  });
 }
 
 // ---------------------------------------------------------------- wiring
@@ -578,6 +674,7 @@ function wire() {
 
 function init() {
   wire();
+  wireHistory();
   updateSystemSummary();
   if (config.conversation) showConversation(config.conversation);
   updateEmptyState();
@@ -585,7 +682,7 @@ function init() {
   setBusy(false);
   socket.connect();
   kvFeed.connect();
-  refreshHistory();
+  loadHistory();
   els.prompt.focus();
 }
 

@@ -55,7 +55,7 @@ def test_other_people_cannot_see_or_delete_a_conversation(client, django_user_mo
     assert stranger.get(f"/c/{conversation.id}/").status_code == 404
     assert stranger.get(f"/api/conversations/{conversation.id}/").status_code == 404
     assert stranger.delete(f"/api/conversations/{conversation.id}/").status_code == 404
-    assert stranger.get("/api/conversations/").json() == {"conversations": []}
+    assert stranger.get("/api/conversations/").json() == {"conversations": [], "next": None}
     assert client.delete(f"/api/conversations/{conversation.id}/").status_code == 204
     assert not Conversation.objects.filter(id=conversation.id).exists()
 
