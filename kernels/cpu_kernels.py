@@ -40,7 +40,8 @@ __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefi
 
 copy_blocks = reference.copy_blocks
 
-_SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
+_SOURCES_DIR = Path(__file__).with_name("csrc")
+_SOURCES = [_SOURCES_DIR / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
                                                                      "rms_norm_cpu.cpp", "silu_and_mul_cpu.cpp",
                                                                      "reshape_and_cache_cpu.cpp",
                                                                      "weight_only_cpu.cpp", "decoder_cpu.cpp",
@@ -229,7 +230,13 @@ def _build() -> tuple[ModuleType | None, str]:
     flags = ["-O3", "-fopenmp", "-ffp-contract=off", *isa_flags()]
     torch_lib = Path(torch.__file__).parent / "lib"
     ldflags = [f"-L{torch_lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{torch_lib}"]
-    tag = hashlib.sha256(" ".join([torch.__version__, sys.version, *flags, *ldflags]).encode()).hexdigest()[:12]
+    # The build is keyed by what it is built from (the sources' contents, not their paths), and compiles copies
+    # kept inside it: ninja rebuilds when a source's path changes, so two checkouts of the same code (git
+    # worktrees) building from their own paths into one folder recompiled it in turn, minutes each time.
+    sources = {path.name: path.read_bytes() for path in sorted(_SOURCES_DIR.iterdir()) if path.is_file()}
+    recipe = [torch.__version__, sys.version, *flags, *ldflags, *(name + hashlib.sha256(text).hexdigest()
+                                                                   for name, text in sources.items())]
+    tag = hashlib.sha256(" ".join(recipe).encode()).hexdigest()[:12]
     build_dir = cache_root() / f"paged_attention_cpu-{tag}"
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
@@ -246,8 +253,14 @@ def _build() -> tuple[ModuleType | None, str]:
         with open(build_dir / "build.flock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            module = cpp_extension.load(name="paged_attention_cpu", sources=[str(path) for path in _SOURCES], extra_cflags=flags,
-                                        extra_ldflags=ldflags, build_directory=str(build_dir), verbose=False)
+            copies = build_dir / "src"
+            copies.mkdir(exist_ok=True)
+            for name, text in sources.items():
+                if not (copies / name).is_file() or (copies / name).read_bytes() != text:
+                    (copies / name).write_bytes(text)
+            module = cpp_extension.load(name="paged_attention_cpu", sources=[str(copies / path.name) for path in _SOURCES],
+                                        extra_cflags=flags, extra_ldflags=ldflags, build_directory=str(build_dir),
+                                        verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         return None, f"building the cpu kernels failed ({type(exc).__name__}: {str(exc).strip()[-500:]})"
     return module, ""

@@ -120,3 +120,36 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_start(monkey
         assert builds == [False]
     finally:
         cpu_kernels._build.cache_clear()  # later tests load the real extension again
+
+
+def test_two_checkouts_of_the_same_sources_share_one_build_and_a_changed_source_gets_its_own(monkeypatch, tmp_path):
+    """ninja rebuilds when a source's path changes: checkouts (git worktrees) that built from their own paths into
+    one folder recompiled it in turn. The build is keyed by the sources' contents and compiles copies inside it."""
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("PAGED_PLAYGROUND_CACHE", str(tmp_path / "cache"))
+    loads = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, sources, build_directory, **options:
+                        loads.append((build_directory, sources)) or object())
+
+    def build_from(checkout: Path) -> tuple[str, list[str]]:
+        monkeypatch.setattr(cpu_kernels, "_SOURCES_DIR", checkout)
+        monkeypatch.setattr(cpu_kernels, "_SOURCES", [checkout / path.name for path in cpu_kernels._SOURCES])
+        cpu_kernels._build.cache_clear()
+        cpu_kernels._build()
+        return loads[-1]
+
+    try:
+        checkouts = [shutil.copytree(cpu_kernels._SOURCES_DIR, tmp_path / name / "csrc") for name in ("a", "b")]
+        first, second = build_from(checkouts[0]), build_from(checkouts[1])
+        assert first == second  # same folder, same source paths: nothing for ninja to redo
+        assert all(Path(source).parent == Path(first[0]) / "src" for source in first[1])
+        with open(checkouts[1] / "cpu_math.h", "a") as header:  # a header counts too
+            header.write("\n// changed\n")
+        changed = build_from(checkouts[1])
+        assert changed[0] != first[0]
+        assert (Path(changed[0]) / "src" / "cpu_math.h").read_text().endswith("// changed\n")
+    finally:
+        cpu_kernels._build.cache_clear()
