@@ -234,10 +234,11 @@ class StreamingEngine:
         with self._tokenizer_lock:
             return encode_chat(self.tokenizer, messages, **chat_options)
 
-    def encode(self, text: str) -> list[int]:
-        """A plain prompt's token ids, as `add_request` tokenises it."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """A plain prompt's token ids, as `add_request` tokenises it (with `add_special_tokens`, as the
+        tokenizer adds them: vLLM's /tokenize default)."""
         with self._tokenizer_lock:
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     # --- loop thread ----------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ urlpatterns = [
     path("v1/", include("playground.api.urls")),
     path("health", api_views.health, name="api-health"),  # vLLM's probes, outside /v1 as vLLM has them
     path("version", api_views.version, name="api-version"),
+    path("tokenize", api_views.tokenize, name="api-tokenize"),
+    path("detokenize", api_views.detokenize, name="api-detokenize"),
     path("account/", include("playground.accounts.urls")),
     path("demo/", include("playground.demo.urls")),
     path("lab/", include("playground.lab.urls")),

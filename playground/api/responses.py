@@ -162,6 +162,41 @@ class Shape:
         return body
 
 
+class RunningUsage:
+    """vLLM's `stream_options.continuous_usage_stats`: every chunk carries its choice's usage so far, the
+    prompt's tokens (the choice's own prompt, in a batch) and the tokens that choice has generated (vLLM counts
+    per choice, so with n > 1 each choice's chunks count its own tokens). Fed by the request's updates: the
+    counts the worker streams with the text, then the `done`'s exact figures."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.prompt: dict[int, int] = {}  # per prompt of the batch
+        self.completion: dict[int, int] = {}  # per choice
+
+    def start(self, k: int, first: Any) -> None:
+        """Prompt k's length from its first update, for the opening chunks (nothing generated yet: vLLM's 0)."""
+        prompt = first.prompt_tokens if first.done is None else first.done["usage"]["prompt_tokens"]
+        if prompt is not None:
+            self.prompt[k] = prompt
+
+    def update(self, k: int, update: Any) -> None:
+        """Prompt k's update (a lifecycle.Update: `prompt_tokens`, per-sample `tokens`, `done`)."""
+        self.start(k, update)
+        for i, count in update.tokens.items():
+            self.completion[k * self.n + i] = count
+        if update.done is not None:
+            for output in update.done["outputs"]:
+                index = k * self.n + output["index"]
+                self.completion[index] = output.get("completion_tokens", self.completion.get(index, 0))
+
+    def stamp(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """The chunk (of one choice) with that choice's usage so far."""
+        index = chunk["choices"][0]["index"]
+        prompt, completion = self.prompt.get(index // self.n, 0), self.completion.get(index, 0)
+        chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return chunk
+
+
 def sse(data: dict[str, Any] | str) -> bytes:
     """One server-sent event."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)

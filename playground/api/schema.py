@@ -65,6 +65,7 @@ class ApiRequest:
     echo: list[str] = field(default_factory=list)
     job_options: dict[str, Any] = field(default_factory=dict)  # Job's template and truncation fields
     ignored: list[str] = field(default_factory=list)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage): usage in every chunk
 
 
 def parse_body(raw: bytes, limits: Mapping[str, int], max_bytes: int) -> dict[str, Any]:
@@ -132,10 +133,14 @@ def _stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise ApiError(400, "stream_options must be an object with include_usage and/or continuous_usage_stats",
                        param="stream_options")
-    if _bool(options, "continuous_usage_stats"):
-        raise ApiError(400, "stream_options.continuous_usage_stats is not supported (the usage comes in the last "
-                       "chunk, with include_usage)", param="stream_options")
+    _bool(options, "continuous_usage_stats")  # checked here, read by _continuous_usage
     return _bool(options, "include_usage")
+
+
+def _continuous_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    """vLLM's rule: the usage so far in every chunk only when include_usage is true too (else it is ignored)."""
+    options = body.get("stream_options")
+    return _stream_options(body, stream) and _bool(options, "continuous_usage_stats")
 
 
 def _extra_sampling(body: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
@@ -291,6 +296,7 @@ def parse_chat(body: Mapping[str, Any], served_models: Sequence[str], defaults: 
         echo=[echo],
         job_options={**options, **_truncation(body)},
         ignored=ignored,
+        continuous_usage=_continuous_usage(body, stream),
     )
 
 
@@ -345,4 +351,5 @@ def parse_completion(body: Mapping[str, Any], served_models: Sequence[str], defa
         echo=[p if echo else "" for p in prompts],
         job_options=_truncation(body),
         ignored=ignored,
+        continuous_usage=_continuous_usage(body, stream),
     )

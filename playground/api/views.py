@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoints (docs/api.md): /v1/models, /v1/completions, /v1/chat/completions,
-/v1/responses, and vLLM's /health and /version.
+/v1/responses, and vLLM's /health, /version, /tokenize and /detokenize.
 
 A request is authenticated (API key, or none from a local client where allowed: `auth`), validated (`schema`), admitted under the user's limits
 (`accounts.limits`), and then generated over the same Celery -> engine -> channel-layer path as the chat
@@ -27,9 +27,10 @@ from .auth import authenticate
 from .batch import Batch, combine, renumber
 from .errors import ApiError
 from .response_api import ResponseShape
-from .responses import Shape, sse
+from .responses import RunningUsage, Shape, sse
 from .schema import ApiRequest, parse_body, parse_chat, parse_completion
 from .structured import api_message
+from .tokenization import TokenizerRequest, parse_detokenize, parse_tokenize
 
 # Unknown request fields are ignored (vLLM does so too, with a log line); their names come back in this header.
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
@@ -59,6 +60,10 @@ def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
 
 def _method_not_allowed(allowed: str) -> HttpResponse:
     return ApiError(405, f"use {allowed}", headers={"Allow": allowed}).response()
+
+
+def _rate_limited(exc: limits.LimitExceeded) -> HttpResponse:
+    return ApiError(429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after)}).response()
 
 
 async def models(request: HttpRequest) -> HttpResponse:
@@ -107,6 +112,44 @@ async def responses(request: HttpRequest) -> HttpResponse:
     return await _complete(request, "responses")
 
 
+@csrf_exempt
+async def tokenize(request: HttpRequest) -> HttpResponse:
+    return await _tokenizer(request, parse_tokenize)
+
+
+@csrf_exempt
+async def detokenize(request: HttpRequest) -> HttpResponse:
+    return await _tokenizer(request, parse_detokenize)
+
+
+async def _tokenizer(request: HttpRequest, parse: Callable[..., TokenizerRequest]) -> HttpResponse:
+    """vLLM's /tokenize and /detokenize: the worker, which owns the tokenizer and the chat template, answers a
+    tokenizer job through the same lifecycle (and the same key, limits and slot) as a generation."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        caller = await authenticate(request)
+        parsed = parse(_read_body(request), served_models(), settings.PLAYGROUND_LIMITS,
+                       settings.PLAYGROUND_API["max_prompt_chars"])
+        generation = await lifecycle.admit(caller.admit)
+    except limits.LimitExceeded as exc:
+        return _rate_limited(exc)
+    except ApiError as exc:
+        return exc.response()
+    async with generation:
+        try:
+            await generation.start(parsed.job)
+            done = [update.done async for update in generation.updates() if update.done is not None][0]
+        except GenerationFailed as exc:
+            status = FAILURE_STATUS.get(exc.code, 500)
+            return ApiError(status, str(exc), param=parsed.param if status == 400 else None,
+                            code=exc.code if status == 400 else None).response()
+    response = JsonResponse({key: done[key] for key in parsed.answer})
+    if parsed.ignored:
+        response[IGNORED_FIELDS_HEADER] = ", ".join(parsed.ignored)
+    return response
+
+
 def _parse(endpoint: str, body: dict[str, Any]) -> ApiRequest:
     caps = settings.PLAYGROUND_LIMITS
     defaults = sampling.api_defaults(endpoint != "completions", caps)
@@ -128,8 +171,7 @@ async def _complete(request: HttpRequest, endpoint: str) -> HttpResponse:
         jobs = _jobs(api_request, salt.cache_salt(caller.identity))
         batch = Batch(await _admit(len(jobs), caller.admit), api_request.params["n"])
     except limits.LimitExceeded as exc:
-        headers = {"Retry-After": str(exc.retry_after)}
-        return ApiError(429, str(exc), code="rate_limit_exceeded", headers=headers).response()
+        return _rate_limited(exc)
     except ApiError as exc:
         return exc.response()
 
@@ -185,22 +227,31 @@ async def _admit(count: int, take_slot: Callable[[], lifecycle.Slot]) -> list[Ge
 
 
 async def _stream(shape: Shape, batch: Batch, firsts: list[Update]) -> AsyncIterator[bytes]:
-    """Server-sent events: opening chunks, text deltas, each choice's closing chunk, optional usage, [DONE]."""
+    """Server-sent events: opening chunks, text deltas, each choice's closing chunk, optional usage, [DONE].
+    With continuous_usage_stats each chunk but the last carries its choice's usage so far."""
     sent: dict[int, str] = {}
     dones: dict[int, dict[str, Any]] = {}
+    running = RunningUsage(batch.n)
+    for k, first in enumerate(firsts):
+        running.start(k, first)
+
+    def event(chunk: dict[str, Any]) -> bytes:
+        return sse(running.stamp(chunk) if shape.request.continuous_usage else chunk)
+
     async with batch:
         try:
             for chunk in shape.first_chunks():
-                yield sse(chunk)
+                yield event(chunk)
             async for k, update in batch.updates(firsts):
+                running.update(k, update)
                 for piece in update.chunks if shape.streams_text else []:
                     index = k * batch.n + piece["index"]
                     sent[index] = sent.get(index, "") + piece["text"]
-                    yield sse(shape.chunk(index, piece["text"]))
+                    yield event(shape.chunk(index, piece["text"]))
                 if update.done is not None:
                     dones[k] = renumber(update.done, k, batch.n)
                     for chunk in shape.final_chunks(dones[k], sent):
-                        yield sse(chunk)
+                        yield event(chunk)
             if shape.request.include_usage:
                 yield sse(shape.usage_chunk(combine([dones[k] for k in sorted(dones)])))
         except GenerationFailed as exc:

@@ -17,11 +17,26 @@ from inference.sequence import RequestMetrics
 
 
 MESSAGE_OVERHEAD = 4  # tokens the fake chat template adds around each message
+VOCAB = 1000  # token ids of the fake tokenizer: a character's code point modulo this
+
+
+class FakeTokenizer:
+    """What the worker reads of a HF tokenizer for /tokenize and /detokenize: a token is a character."""
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [f"<{chr(t)}>" for t in ids]
 
 
 class FakeStream:
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, num_prompt_tokens: int) -> None:
         self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
         self.final: RequestOutput | None = None
         self.error: str | None = None
         self.on_put = None  # as RequestStream: the reader's wake-up, called after each delta
@@ -45,6 +60,7 @@ class FakeStreamingEngine:
         self.requests: list[dict] = []
         # What the service reads of the real LLMEngine.
         self.engine = SimpleNamespace(block_size=16, max_model_len=max_model_len)
+        self.tokenizer = FakeTokenizer()
         self.error: str | None = None
         self.last_step_at: float | None = None
 
@@ -76,11 +92,14 @@ class FakeStreamingEngine:
             time.sleep(self.slow_admission_s)
         self.requests.append({"request_id": request_id, "messages": messages, "params": sampling_params,
                               "lora_request": lora_request, "prompt": prompt, "chat_options": chat_options})
-        stream = FakeStream(request_id)
+        # The prompt's length as the engine counts it: the fake chat template's, or one token per character.
+        n_prompt = len(self.encode_chat(messages) if messages is not None else
+                       prompt if isinstance(prompt, list) else self.encode(prompt))
+        stream = FakeStream(request_id, n_prompt)
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
         full = [len(f"echo{i}: {last}") for i in range(sampling_params.n)]
-        threading.Thread(target=self._run, args=(stream, stop, replies, full, len(last)), daemon=True).start()
+        threading.Thread(target=self._run, args=(stream, stop, replies, full, n_prompt), daemon=True).start()
         return stream
 
     def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int):
@@ -115,9 +134,9 @@ class FakeStreamingEngine:
         self.live.pop(stream.request_id, None)
         stream.put(None)
 
-    def encode(self, text: str) -> list[int]:
-        """One token per character, as the replies are."""
-        return [ord(c) % 1000 for c in text]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """One token per character, as the replies are; the special tokens are one BOS (id 1)."""
+        return [1] * add_special_tokens + [ord(c) % VOCAB for c in text]
 
     def encode_chat(self, messages: list[dict], **chat_options) -> list[int]:
         """A chat template of its own: MESSAGE_OVERHEAD tokens around each message, one token per character."""

@@ -248,3 +248,27 @@ def test_openai_client_vllm_fields_batches_and_the_responses_api(client, server,
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == greedy[0]
     assert events[-1].type == "response.incomplete"
     server.wait_idle()
+
+
+def test_tokenize_detokenize_and_continuous_usage_stats_over_http(client, server):
+    """vLLM's /tokenize (at the root) counts the chat completion's prompt tokens, /detokenize gives the text
+    back, and with continuous_usage_stats each streamed chunk's completion_tokens grows to the final usage."""
+    headers = {"Authorization": f"Bearer {server.api_key('tokenizer')}"}
+    tokenized = requests.post(f"{server.base_url}/tokenize", json={"model": MODEL, "messages": CHAT}, headers=headers,
+                              timeout=120).json()
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=1)
+    assert tokenized["count"] == len(tokenized["tokens"]) == reply.usage.prompt_tokens
+    text = requests.post(f"{server.base_url}/tokenize", json={"prompt": PROMPT, "return_token_strs": True},
+                         headers=headers, timeout=120).json()
+    assert len(text["token_strs"]) == text["count"]
+    back = requests.post(f"{server.base_url}/detokenize", json={"tokens": text["tokens"]}, headers=headers, timeout=120)
+    assert back.json() == {"prompt": PROMPT}
+    beyond = requests.post(f"{server.base_url}/detokenize", json={"tokens": [10**6]}, headers=headers, timeout=120)
+    assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "tokens"
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8, stream=True,
+                                            extra_body={"stream_options": {"include_usage": True,
+                                                                           "continuous_usage_stats": True}}))
+    counts = [c.usage.completion_tokens for c in chunks[:-1]]
+    assert counts == sorted(counts) and 0 < counts[-1] == chunks[-1].usage.completion_tokens
+    assert {c.usage.prompt_tokens for c in chunks} == {len(text["tokens"])}
+    server.wait_idle()

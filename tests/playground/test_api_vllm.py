@@ -92,7 +92,6 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
-    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
     ({"continue_final_message": True}, "continue_final_message"),  # the last message is the user's
     ({"continue_final_message": True, "add_generation_prompt": True,
       "messages": [*CHAT, {"role": "assistant", "content": "Sure"}]}, "continue_final_message"),

@@ -105,3 +105,28 @@ def test_sampling_extras_change_the_output(service):
     penalised, _ = chat(service, cats, max_tokens=12, ignore_eos=True, repetition_penalty=1.8)
     plain, _ = chat(service, cats, max_tokens=12, ignore_eos=True)
     assert penalised["outputs"][0]["text"] != plain["outputs"][0]["text"]
+
+
+def test_tokenize_and_detokenize_jobs_use_the_generations_tokenizer(service):
+    """/tokenize and /detokenize as the worker answers them: a chat's count is the chat completion's prompt
+    tokens; the token strings are the tokenizer's; detokenizing gives the text back; an id past the vocabulary
+    is refused naming `tokens`. The HF tokenizer is the oracle."""
+    tokenizer = service.wait_ready(0).tokenizer
+    chatted = service.tokenize(Job({}, ASK, kind="tokenize", return_token_strs=True))
+    done, _ = chat(service, max_tokens=1)
+    assert chatted["count"] == len(chatted["tokens"]) == done["usage"]["prompt_tokens"]
+    assert chatted["token_strs"] == tokenizer.convert_ids_to_tokens(chatted["tokens"])
+    assert chatted["max_model_len"] == 256
+    prefill = [*ASK, {"role": "assistant", "content": "Hi! My name"}]
+    continued = service.tokenize(Job({}, prefill, kind="tokenize", add_generation_prompt=False,
+                                     continue_final_message=True))
+    assert continued["tokens"] == encode_chat(tokenizer, prefill, add_generation_prompt=False,
+                                              continue_final_message=True)
+    text = "Hello world, héllo wörld!"
+    plain = service.tokenize(Job({}, prompt=text, kind="tokenize", add_special_tokens=True))
+    assert plain["tokens"] == tokenizer.encode(text, add_special_tokens=True) and plain["token_strs"] is None
+    completion, _ = run(service, Job({**GREEDY, "max_tokens": 1}, prompt=text))
+    assert completion["usage"]["prompt_tokens"] == len(tokenizer.encode(text, add_special_tokens=False))
+    assert service.tokenize(Job({}, prompt=plain["tokens"], kind="detokenize")) == {"prompt": text}
+    with pytest.raises(ValueError, match="^tokens: token id"):
+        service.tokenize(Job({}, prompt=[1, len(tokenizer)], kind="detokenize"))

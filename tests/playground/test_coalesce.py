@@ -16,6 +16,7 @@ from playground.serving.shared.naming import request_group
 class D:
     index: int
     text: str
+    token_ids: tuple[int, ...] = (0,)  # one token per delta
 
 
 class TimedSource:
@@ -24,6 +25,7 @@ class TimedSource:
     def __init__(self, script: list[tuple[float, D]]) -> None:
         self.q: queue.Queue = queue.Queue()
         self.on_put = None
+        self.num_prompt_tokens = 7
         self.put_at: list[float] = []
         start = time.monotonic()
 

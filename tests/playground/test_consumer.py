@@ -7,6 +7,7 @@ import time
 
 import pytest
 from channels.testing import WebsocketCommunicator
+from fake_engine import MESSAGE_OVERHEAD
 from fake_worker import ASK, ORIGIN, connect, generate, until_end, worker
 
 from playground.asgi import application
@@ -41,7 +42,8 @@ def test_stream_concatenates_to_the_saved_final_text(monkeypatch):
     assert text == done["outputs"][0]["text"] == "echo0: hi there"
     assert done["outputs"][0]["finish_reason"] == "stop"
     assert done["worker"] == "fake@test"
-    assert done["usage"] == {"prompt_tokens": len("hi there"), "completion_tokens": len(text), "cached_tokens": 0}
+    assert done["usage"] == {"prompt_tokens": MESSAGE_OVERHEAD + len("hi there"), "completion_tokens": len(text),
+                             "cached_tokens": 0}
     assert done["timing"]["ttft_ms"] >= 0 and done["timing"]["tokens_per_s"] > 0
 
     conversation = Conversation.objects.get(id=done["conversation_id"])

@@ -41,7 +41,9 @@ messages = st.builds(
     ),
     words,
 )
-API_COMMON = {**SAMPLING, "stream": st.booleans()}
+API_COMMON = {**SAMPLING, "stream": st.booleans(),
+              "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
+                                                                    "continuous_usage_stats": st.booleans()})}
 chat_bodies = st.fixed_dictionaries(
     {"model": st.just(MODEL), "messages": messages},
     optional={**API_COMMON, "logprobs": st.booleans(), "max_completion_tokens": st.integers(1, 8)},
@@ -49,6 +51,14 @@ chat_bodies = st.fixed_dictionaries(
 completion_bodies = st.fixed_dictionaries(
     {"model": st.just(MODEL), "prompt": words}, optional={**API_COMMON, "logprobs": st.integers(0, 5)}
 )
+tokenize_bodies = st.one_of(
+    st.fixed_dictionaries({"prompt": words}, optional={"model": st.just(MODEL), "add_special_tokens": st.booleans(),
+                                                       "return_token_strs": st.booleans()}),
+    st.fixed_dictionaries({"messages": messages}, optional={"model": st.just(MODEL), "return_token_strs": st.booleans(),
+                                                            "add_generation_prompt": st.booleans()}),
+)
+detokenize_bodies = st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 60_000), max_size=8)},
+                                          optional={"model": st.just(MODEL)})
 generate_frames = st.fixed_dictionaries(
     {"type": st.just("generate"), "messages": messages},
     optional={"params": st.fixed_dictionaries({}, optional=SAMPLING), "conversation_id": st.none()},
@@ -74,7 +84,7 @@ def server(tmp_path_factory):
     live.stop()
 
 
-def check_api_answer(status: int, body: bytes, stream_asked: bool) -> None:
+def check_api_answer(status: int, body: bytes, stream_asked: bool, answer_key: str = "choices") -> None:
     assert status in API_STATUSES, (status, body[:300])
     if status != 200:
         error = json.loads(body)["error"]
@@ -86,7 +96,7 @@ def check_api_answer(status: int, body: bytes, stream_asked: bool) -> None:
         for event in events[:-1]:
             assert "error" not in json.loads(event.removeprefix("data: ")), event
     else:
-        assert json.loads(body)["choices"]
+        assert answer_key in json.loads(body)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +104,8 @@ def check_api_answer(status: int, body: bytes, stream_asked: bool) -> None:
     [
         ("/v1/chat/completions", api_bodies(chat_bodies, ["messages", "logprobs", "top_logprobs", "max_completion_tokens"])),
         ("/v1/completions", api_bodies(completion_bodies, ["prompt", "logprobs", "echo"])),
+        ("/tokenize", api_bodies(tokenize_bodies, ["prompt", "messages", "add_special_tokens", "return_token_strs"])),
+        ("/detokenize", api_bodies(detokenize_bodies, ["tokens"])),
     ],
 )
 def test_api_inputs_never_cause_a_server_error(server, path, bodies):
@@ -109,7 +121,8 @@ def test_api_inputs_never_cause_a_server_error(server, path, bodies):
             stream_asked = json.loads(body).get("stream") is True
         except ValueError:
             stream_asked = False
-        check_api_answer(status, answer, stream_asked)
+        check_api_answer(status, answer, stream_asked and "tokenize" not in path,
+                         {"/tokenize": "tokens", "/detokenize": "prompt"}.get(path, "choices"))
 
     fuzz()
     assert 200 in statuses and 400 in statuses  # both served and refused inputs were tried

@@ -1,6 +1,6 @@
 """Hypothesis over the parsers of both front doors, 10,000+ cases each, printed with the test output:
 the chat socket's `parse_frame` (the edge's decoding, then generate / cancel) and the API's `parse_body`
-then `parse_chat` / `parse_completion`. Inputs mix valid requests, spoiled ones, hostile text (unpaired
+then `parse_chat` / `parse_completion` / `parse_tokenize` / `parse_detokenize`. Inputs mix valid requests, spoiled ones, hostile text (unpaired
 surrogates, NUL, line separators, BOMs), deep nesting, huge numbers and raw garbage. Every case is either
 accepted — and then holds only text that UTF-8 (the tokenizer, SQLite, PostgreSQL) takes — or refused with
 the client's error (InvalidInput; an ApiError with a 4xx status); anything else would be a 500. No case
@@ -25,6 +25,7 @@ from playground.accounts.models import ApiKey
 from playground.api import response_api
 from playground.api.schema import (DEFAULT_ONLY, EXTRA_SAMPLING, PROMPT_FIELDS, TEMPLATE_FIELDS, parse_body, parse_chat,
                                    parse_completion)
+from playground.api.tokenization import parse_detokenize, parse_tokenize
 from playground.asgi import application
 from playground.chat.protocol import Generate, parse_frame
 from playground.serving.web import sampling
@@ -74,6 +75,7 @@ api_bodies = with_junk(st.fixed_dictionaries(
     {"model": st.sampled_from([MODEL, "other"])},
     optional={"messages": messages, "prompt": st.one_of(text, json_values), "stream": json_values,
               "stream_options": json_values, "logprobs": json_values, "top_logprobs": json_values,
+              "tokens": json_values, "add_special_tokens": json_values, "return_token_strs": json_values,
               "max_completion_tokens": json_values, **{name: json_values for name in sampling.NAMES},
               **{name: json_values for name in VLLM_FIELDS}},
 ))
@@ -88,7 +90,9 @@ good_sampling = {"temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1), "t
                  "stop": st.lists(words, max_size=2)}
 good_extras = {"min_tokens": st.integers(0, 1), "ignore_eos": st.booleans(), "stop_token_ids": st.lists(st.integers(0, 50), max_size=2),
                "skip_special_tokens": st.booleans(), "include_stop_str_in_output": st.booleans(),
-               "truncate_prompt_tokens": st.integers(1, 8), "echo": st.booleans(), "stream": st.booleans()}
+               "truncate_prompt_tokens": st.integers(1, 8), "echo": st.booleans(), "stream": st.booleans(),
+               "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
+                                                                     "continuous_usage_stats": st.booleans()})}
 prompts = st.one_of(words, st.lists(st.one_of(words, st.lists(st.integers(0, 1000), min_size=1, max_size=4)), min_size=1,
                                     max_size=3))
 valid_bodies = st.one_of(
@@ -97,6 +101,12 @@ valid_bodies = st.one_of(
     st.fixed_dictionaries({"model": st.just(MODEL), "prompt": prompts}, optional={**good_sampling, **good_extras}),
     st.fixed_dictionaries({"model": st.just(MODEL), "input": st.one_of(words, good_messages)},
                           optional={"instructions": words, "max_output_tokens": st.integers(1, 8), "stream": st.booleans()}),
+    # /tokenize (text or chat) and /detokenize
+    st.fixed_dictionaries({"prompt": words}, optional={"model": st.just(MODEL), "add_special_tokens": st.booleans(),
+                                                       "return_token_strs": st.booleans()}),
+    st.fixed_dictionaries({"messages": good_messages}, optional={"add_generation_prompt": st.booleans(),
+                                                                 "return_token_strs": st.booleans()}),
+    st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 2000), max_size=6)}, optional={"model": st.just(MODEL)}),
 )
 valid_frames = st.fixed_dictionaries({"type": st.just("generate"), "messages": good_messages},
                                      optional={"params": st.fixed_dictionaries({}, optional=good_sampling)})
@@ -161,7 +171,7 @@ def test_socket_parser_fuzz(capsys):
     assert sum(outcomes.values()) >= CASES and outcomes["accepted"] and outcomes["refused"]
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "completions", "responses"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "responses", "tokenize", "detokenize"])
 def test_api_parser_fuzz(capsys, endpoint):
     outcomes = {"accepted": 0, "refused": 0}
     bodies = st.one_of(valid_bodies.map(json.dumps), raw_frames).map(lambda s: s.encode("utf-8", "surrogatepass"))
@@ -173,6 +183,9 @@ def test_api_parser_fuzz(capsys, endpoint):
             return parse_chat(body, [MODEL], defaults, LIMITS)
         if endpoint == "responses":
             return parse_chat(response_api.to_chat(body)[0], [MODEL], defaults, LIMITS)
+        if endpoint in ("tokenize", "detokenize"):
+            parse_tokenizer = parse_tokenize if endpoint == "tokenize" else parse_detokenize
+            return parse_tokenizer(body, [MODEL], LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
         return parse_completion(body, [MODEL], defaults, LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
 
     @fuzz(CASES // 3)
@@ -185,7 +198,10 @@ def test_api_parser_fuzz(capsys, endpoint):
             outcomes["refused"] += 1
             return
         outcomes["accepted"] += 1
-        storable([request.messages, request.prompts, request.params, request.job_options, request.echo])
+        if endpoint in ("tokenize", "detokenize"):
+            storable(request.job.to_task())
+        else:
+            storable([request.messages, request.prompts, request.params, request.job_options, request.echo])
 
     case()
     report(capsys, f"API {endpoint} bodies", outcomes)
@@ -208,7 +224,7 @@ def test_the_asgi_application_never_answers_500(monkeypatch, capsys):
             ws = WebsocketCommunicator(application, "/ws/chat/", headers=[ORIGIN])
             assert (await ws.connect(timeout=5))[0]
             for raw in inputs:
-                for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+                for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"):
                     response = await client.post(path, raw.encode("utf-8", "surrogatepass"),
                                                  content_type="application/json",
                                                  headers={"Authorization": f"Bearer {secret}"})
@@ -242,6 +258,6 @@ def test_the_asgi_application_never_answers_500(monkeypatch, capsys):
     for path in ("/version", "/v1/models"):
         status = asyncio.run(get(path, secret))
         statuses[status] = statuses.get(status, 0) + 1
-    report(capsys, "ASGI (API bodies, thrice each, and socket frames)",
+    report(capsys, "ASGI (API bodies, five times each, and socket frames)",
            {f"http {k}": v for k, v in statuses.items()} | {f"ws {k}": v for k, v in frames.items()})
     assert 500 not in statuses and all(status < 500 for status in statuses)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+KINDS = ("generate", "tokenize", "detokenize")  # what a Job asks of the worker (Job.kind)
 Message = dict[str, Any]  # {"role", "content", and optionally "name", "tool_call_id"}
 
 
@@ -24,7 +25,12 @@ class Job:
     message an unfinished prefix the reply continues). `truncate_prompt_tokens` keeps only the prompt's last
     that many tokens. `fit_window` (the chat page) drops whole oldest turns that do not fit the context window
 instead of refusing (worker/context_window.py). `preferred_worker` only routes the task (the worker that served the conversation's
-    last turn) and is not sent."""
+    last turn) and is not sent.
+
+    `kind` says what the worker does with it: "generate" (the engine runs it), or, for vLLM's /tokenize and
+    /detokenize, "tokenize" (the prompt's or the transcript's token ids, through the same tokenizer and chat
+    template a generation uses; `add_special_tokens` and `return_token_strs` as vLLM's) and "detokenize" (the
+    text of `prompt`'s token ids). Those two never reach the engine's scheduler: no sequence, no KV block."""
 
     params: dict[str, Any]
     messages: list[Message] | None = None
@@ -37,12 +43,19 @@ instead of refusing (worker/context_window.py). `preferred_worker` only routes t
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     truncate_prompt_tokens: int | None = None
     fit_window: bool = False  # drop the oldest turns that do not fit the window (the chat page), not refuse
+    kind: str = "generate"  # or "tokenize" / "detokenize" (KINDS)
+    add_special_tokens: bool = False  # tokenize a text prompt with the tokenizer's special tokens (BOS...)
+    return_token_strs: bool = False  # tokenize: also each token's string
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("a Job needs exactly one of messages and prompt")
         if self.add_generation_prompt and self.continue_final_message:
             raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown job kind {self.kind!r}")
+        if self.kind == "detokenize" and not isinstance(self.prompt, list):
+            raise ValueError("a detokenize job's prompt is a list of token ids")
 
     def to_task(self) -> dict[str, Any]:
         """The JSON-ready form the Celery task carries (without the routing-only `preferred_worker`)."""

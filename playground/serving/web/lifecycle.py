@@ -76,10 +76,14 @@ Chunk = dict[str, Any]  # {"index", "seq", "text"}
 @dataclass
 class Update:
     """What the reader gets at once: the text that arrived since its last look (one chunk per sample, `seq`
-    counting this request's chunks from 0 without gaps), and the worker's `gen.done` event once it ended."""
+    counting this request's chunks from 0 without gaps), and the worker's `gen.done` event once it ended.
+    `tokens` counts each sample's tokens streamed so far, and `prompt_tokens` is the prompt's length once the
+    worker has said it (the API's `continuous_usage_stats`)."""
 
     chunks: list[Chunk]
     done: dict[str, Any] | None = None
+    tokens: dict[int, int] = field(default_factory=dict)
+    prompt_tokens: int | None = None
 
 
 @dataclass(eq=False)
@@ -90,6 +94,8 @@ class Collector:
     _text: dict[int, list[str]] = field(default_factory=dict)
     _seq: int = 0  # the next chunk's number, as the reader sees them
     _worker_seq: int = 0  # the next chunk number expected from the worker; lower ones were seen already
+    _tokens: dict[int, int] = field(default_factory=dict)  # per sample, tokens received so far
+    _prompt_tokens: int | None = None
     _done: dict[str, Any] | None = None
     _failure: GenerationFailed | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,11 +105,13 @@ class Collector:
         if kind == "gen.accepted":
             self.worker = event["worker"]
         elif kind == "gen.tokens":
+            self._prompt_tokens = event.get("prompt_tokens", self._prompt_tokens)
             for chunk in event["chunks"]:
                 if chunk["seq"] < self._worker_seq:  # a retried send delivered twice
                     continue
                 self._worker_seq = chunk["seq"] + 1
                 self._text.setdefault(chunk["index"], []).append(chunk["text"])
+                self._tokens[chunk["index"]] = self._tokens.get(chunk["index"], 0) + chunk.get("tokens", 0)
         elif kind == "gen.done":
             self._done = event
         elif kind == "gen.error":
@@ -140,7 +148,7 @@ class Collector:
                   for k, (i, parts) in enumerate(sorted(self._text.items()))]
         self._seq += len(chunks)
         self._text.clear()
-        return Update(chunks, self._done)
+        return Update(chunks, self._done, dict(self._tokens), self._prompt_tokens)
 
 
 async def admit(take_slot: Callable[[], Slot] | None = None) -> Generation:

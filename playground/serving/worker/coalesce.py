@@ -5,7 +5,8 @@ which Channels drops messages silently. And a thread per request blocking on its
 event loop per message, costs the engine loop thread the GIL. So one coroutine on the worker's event loop
 serves all requests: it drains every live stream without blocking and sends, per request, its first text at
 once, then at most one `gen.tokens` message per `interval` carrying everything that arrived meanwhile, per
-sample index, numbered by `seq` (docs/protocol.md). When a stream ends its last text goes out at once, and
+sample index, numbered by `seq`, with how many tokens that text is and the request's prompt length
+(docs/protocol.md; the API's `continuous_usage_stats` counts with them). When a stream ends its last text goes out at once, and
 only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
 
 The streams wake the publisher (push, not polling): each stream's `on_put` schedules one wake-up on the
@@ -33,17 +34,19 @@ from ..shared.retry import once_more
 SEND_TIMEOUT_S = 10.0
 LOOP_CHECK_S = 1.0  # a waiting task thread checks this often that the loop still runs
 
-Chunk = dict[str, Any]  # {"index", "seq", "text"}
+Chunk = dict[str, Any]  # {"index", "seq", "text", "tokens"}
 GroupSend = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's group_send
 
 
 class Delta(Protocol):
     index: int
     text: str
+    token_ids: list[int]
 
 
 class DeltaSource(Protocol):
     on_put: Callable[[], None] | None  # set by the publisher; the source calls it after queuing each delta
+    num_prompt_tokens: int
 
     def get(self, timeout: float | None = None) -> Delta | None:
         """Next delta; None once the stream has ended; raises queue.Empty after `timeout` seconds."""
@@ -55,6 +58,9 @@ class _Request:
     source: DeltaSource
     finished: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
     pending: dict[int, list[str]] = field(default_factory=dict)  # unsent text per sample index
+    # Tokens not yet counted in a sent chunk, per sample index; a delta without text (an incomplete UTF-8
+    # character) is counted with the index's next text.
+    pending_tokens: dict[int, int] = field(default_factory=dict)
     seq: int = 0  # the next chunk's number
     last_send: float = float("-inf")
     ended: bool = False
@@ -68,11 +74,13 @@ class _Request:
                 return
             if delta is None:
                 self.ended = True
-            elif delta.text:
+                continue
+            self.pending_tokens[delta.index] = self.pending_tokens.get(delta.index, 0) + len(delta.token_ids)
+            if delta.text:
                 self.pending.setdefault(delta.index, []).append(delta.text)
 
     def take_chunks(self) -> list[Chunk]:
-        chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts)}
+        chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts), "tokens": self.pending_tokens.pop(i, 0)}
                   for k, (i, parts) in enumerate(sorted(self.pending.items()))]
         self.seq += len(chunks)
         self.pending.clear()
@@ -167,7 +175,8 @@ class TokenPublisher:
         """Send the request's unsent text; resolve its future if its stream has ended."""
         try:
             if request.pending:
-                message = {"type": "gen.tokens", "request_id": request.request_id, "chunks": request.take_chunks()}
+                message = {"type": "gen.tokens", "request_id": request.request_id,
+                           "prompt_tokens": request.source.num_prompt_tokens, "chunks": request.take_chunks()}
                 async with asyncio.timeout(SEND_TIMEOUT_S):
                     await once_more(lambda: group_send(request_group(request.request_id), message))
                 request.last_send = now

@@ -113,8 +113,7 @@ class EngineService:
             # Ids follow PLAYGROUND_LORA_MODULES's order, so every worker gives a name the same id.
             lora_request = LoRARequest(job.adapter, list(self._lora_modules).index(job.adapter) + 1,
                                        self._lora_modules[job.adapter])
-        chat_options = {"add_generation_prompt": job.add_generation_prompt,
-                        "continue_final_message": job.continue_final_message, **job.chat_template_kwargs}
+        chat_options = _chat_options(job)
         prompt, messages = job.prompt, job.messages
         fitted = None
         if job.fit_window and messages is not None:
@@ -136,6 +135,26 @@ class EngineService:
         if fitted is not None:
             self._fits[stream] = fitted.report()
         return stream
+
+    def tokenize(self, job: Job) -> dict[str, Any]:
+        """The answer to a "tokenize" or "detokenize" job (vLLM's /tokenize, /detokenize), computed here with the
+        tokenizer and chat template a generation of the same job would use, without the engine's scheduler (no
+        sequence, no KV block). Raises ValueError naming the field for input the tokenizer cannot take (an id
+        outside the vocabulary, a transcript the template refuses)."""
+        engine = self.wait_ready(0)
+        tokenizer = engine.tokenizer
+        if job.kind == "detokenize":
+            vocab = len(tokenizer)
+            unknown = next((t for t in job.prompt if not 0 <= t < vocab), None)
+            if unknown is not None:
+                raise ValueError(f"tokens: token id {unknown} is out of vocabulary (this model has {vocab} tokens)")
+            return {"prompt": tokenizer.decode(job.prompt)}
+        if job.messages is not None:
+            ids = engine.encode_chat(job.messages, **_chat_options(job))
+        else:
+            ids = engine.encode(job.prompt, add_special_tokens=job.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.engine.max_model_len,
+                "token_strs": tokenizer.convert_ids_to_tokens(ids) if job.return_token_strs else None}
 
     def result(self, stream: RequestStream) -> dict[str, Any]:
         """The `done` payload of a stream that has ended: outputs, usage and timing (docs/protocol.md).
@@ -177,6 +196,12 @@ class EngineService:
             return {}
         figures = self._engine.metrics()
         return figures if block_map else {k: v for k, v in figures.items() if k not in ("block_map", "sequences")}
+
+
+def _chat_options(job: Job) -> dict[str, Any]:
+    """`encode_chat`'s keyword arguments for the job's transcript: how the chat template renders it."""
+    return {"add_generation_prompt": job.add_generation_prompt, "continue_final_message": job.continue_final_message,
+            **job.chat_template_kwargs}
 
 
 def summarize(
@@ -231,7 +256,8 @@ def prompt_segments(
 
 
 def _output(output: Any, decode: Callable[[list[int]], str] | None, metrics: Any) -> dict[str, Any]:
-    summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason}
+    summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason,
+               "completion_tokens": len(output.token_ids)}
     if output.logprobs is not None and decode is not None:
         summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, lambda t: decode([t]))
     if output.index in metrics.masked_tokens:

@@ -8,8 +8,8 @@ group from the event loop; once the publisher has sent the last text, the thread
 `gen.error`).
 
 Messages sent to group `req.<request_id>` (read by the web side's request lifecycle, serving/web/lifecycle.py):
-`gen.accepted` {request_id, worker}, `gen.tokens` {request_id, chunks: [{index, seq, text}]},
-`gen.done` {request_id, worker, outputs, usage, timing}, `gen.error` {request_id, message, code}, where `code`
+`gen.accepted` {request_id, worker}, `gen.tokens` {request_id, prompt_tokens, chunks: [{index, seq, text, tokens}]},
+`gen.done` {request_id, worker, outputs, usage, timing} (a tokenizer job's with its answer too), `gen.error` {request_id, message, code}, where `code`
 is "invalid_request" (the engine refused the request), "unavailable" (no engine) or "server_error".
 """
 from __future__ import annotations
@@ -211,7 +211,10 @@ class WorkerRuntime:
             self._serving.add(request_id)
         try:
             send({"type": "gen.accepted", "worker": self.name})
-            self._run(request_id, job, send)
+            if job.kind == "generate":
+                self._run(request_id, job, send)
+            else:
+                self._tokenize(request_id, job, send)
         finally:
             with self._lock:
                 self._serving.discard(request_id)
@@ -223,7 +226,7 @@ class WorkerRuntime:
             with self._lock:
                 aborted = self._early_aborts.pop(request_id, None) is not None
             if aborted:
-                self._finish(request_id, aborted_before_start(job.params["n"]), send)
+                self._finish(request_id, nothing_generated(job.params["n"]), send)
                 return
             # Outside the lock: submitting tokenises, may read an adapter from disk and builds a grammar.
             stream = self.service.submit(request_id, job)
@@ -259,6 +262,20 @@ class WorkerRuntime:
             logger.exception("heartbeat failed")
         self._finish(request_id, done, send)
 
+    def _tokenize(self, request_id: str, job: Job, send: Callable[[dict[str, Any]], None]) -> None:
+        """vLLM's /tokenize and /detokenize: the tokenizer's answer in the `done` payload, beside an empty
+        generation (no outputs, no usage), so it travels the lifecycle a generation does. No engine request."""
+        try:
+            self.service.wait_ready(LOAD_TIMEOUT_S)
+            answer = self.service.tokenize(job)
+        except ValueError as exc:  # input the tokenizer refuses (an id outside the vocabulary...)
+            send({"type": "gen.error", "message": str(exc), "code": "invalid_request"})
+            return
+        except EngineUnavailable as exc:
+            send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
+            return
+        self._finish(request_id, {**nothing_generated(0), **answer}, send)
+
     def _finish(self, request_id: str, done: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
         """Send `gen.done`, or the error frame of a request the drain cut (its partial reply is not an answer)."""
         if self.drain.was_cut(request_id):
@@ -268,10 +285,11 @@ class WorkerRuntime:
         send({"type": "gen.done", "worker": self.name, **done})
 
 
-def aborted_before_start(n: int) -> dict[str, Any]:
-    """The `done` payload of a request cancelled before the engine saw it."""
+def nothing_generated(n: int) -> dict[str, Any]:
+    """The `done` payload of a request the engine never saw: cancelled before it started (its `n` samples
+    aborted), or a tokenizer job (n = 0)."""
     return {
-        "outputs": [{"index": i, "text": "", "finish_reason": "abort"} for i in range(n)],
+        "outputs": [{"index": i, "text": "", "finish_reason": "abort", "completion_tokens": 0} for i in range(n)],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0},
         "timing": {"ttft_ms": None, "tokens_per_s": None},
     }
