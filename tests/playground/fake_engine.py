@@ -1,5 +1,6 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
 model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart
+(with prompt_logprobs, the last message's characters after the first get logprob -position, rank 1)
 (a message starting "REJECT" is refused; one starting "SLOW" takes `slow_admission_s` to submit),
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
 `fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
@@ -11,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 from inference import EngineDeadError, EngineHealth
-from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
+from inference.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.sequence import RequestMetrics
 
@@ -80,10 +81,15 @@ class FakeStreamingEngine:
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
         full = [len(f"echo{i}: {last}") for i in range(sampling_params.n)]
-        threading.Thread(target=self._run, args=(stream, stop, replies, full, len(last)), daemon=True).start()
+        prompt_logprobs = None
+        if sampling_params.prompt_logprobs is not None:
+            prompt_logprobs = [None] + [{self.encode(c)[0]: Logprob(-float(p), 1, c)} for p, c in enumerate(last) if p]
+        threading.Thread(target=self._run, args=(stream, stop, replies, full, len(last), prompt_logprobs),
+                         daemon=True).start()
         return stream
 
-    def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int):
+    def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int,
+             prompt_logprobs: list | None = None):
         metrics = RequestMetrics(arrival_time=time.perf_counter())
         emitted = [0] * len(replies)
         reason = None
@@ -111,7 +117,8 @@ class FakeStreamingEngine:
         for i, reply in enumerate(replies):
             finish = "abort" if reason == "abort" else ("length" if len(reply) < full[i] else "stop")
             outputs.append(CompletionOutput(i, reply[: emitted[i]], list(range(emitted[i])), finish))
-        stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0)
+        stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0,
+                                     prompt_logprobs)
         self.live.pop(stream.request_id, None)
         stream.put(None)
 
