@@ -7,6 +7,7 @@ import torch
 
 from inference import Logprob, SamplingParams
 from tests.inference.engines import get_llm
+from tests.inference.oracle_prompts import ORACLE_PROMPTS
 
 PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening, counting each of the one hundred "
           "and twelve steps, and at the top he wiped the salt from the great lens before lighting the lamp. Ships "
@@ -14,13 +15,17 @@ PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening, co
 K = 3
 
 
-@pytest.fixture(scope="module")
-def oracle(hf_model, tokenizer):
+def hf_logprobs(hf_model, tokenizer, prompt: str) -> tuple[list[int], torch.Tensor]:
     """The prompt's token ids and HF's log-softmax over the vocabulary at each of its positions."""
-    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
     with torch.no_grad():
         logits = hf_model(torch.tensor([ids])).logits[0].float()
     return ids, logits.log_softmax(-1)
+
+
+@pytest.fixture(scope="module")
+def oracle(hf_model, tokenizer):
+    return hf_logprobs(hf_model, tokenizer, PROMPT)
 
 
 def check_against_oracle(prompt_logprobs: list, oracle, k: int = K) -> None:
@@ -72,6 +77,19 @@ def test_prompt_logprobs_zero_n_and_a_mixed_batch(oracle):
     assert len(sampled.outputs) == 2 and plain.prompt_logprobs is None
     alone = llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=3))[0]
     assert plain.outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+def test_prompt_logprobs_survive_preemption_without_repeats(hf_model, tokenizer, hf_greedy):
+    # The greedy oracle's preemption pool: sequences are preempted and recomputed; a recomputed chunk must not
+    # append its prompt logprobs a second time.
+    llm = get_llm(num_kv_blocks=24, max_model_len=384, enable_prefix_caching=False)
+    before = llm.metrics()["num_preemptions_total"]
+    outs = llm.generate(ORACLE_PROMPTS, SamplingParams(temperature=0, max_tokens=24, prompt_logprobs=1))
+    assert llm.metrics()["num_preemptions_total"] > before
+    for prompt, out in zip(ORACLE_PROMPTS, outs):
+        oracle = hf_logprobs(hf_model, tokenizer, prompt)
+        check_against_oracle(out.prompt_logprobs, oracle, k=1)
+        assert out.outputs[0].token_ids == hf_greedy(oracle[0], 24)
 
 
 @pytest.mark.parametrize("value", [-1, 21, 1.5, "2", True])
