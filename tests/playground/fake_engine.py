@@ -1,7 +1,8 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
 model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart
 (with prompt_logprobs, the last message's characters after the first get logprob -position, rank 1)
-(a message starting "REJECT" is refused; one starting "SLOW" takes `slow_admission_s` to submit),
+(a message starting "REJECT" is refused, as is a logit_bias id past its vocabulary of FAKE_VOCAB; one
+starting "SLOW" takes `slow_admission_s` to submit),
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
 `fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
 `health()` reports the loop dead, as StreamingEngine does.
@@ -18,6 +19,7 @@ from inference.sequence import RequestMetrics
 
 
 MESSAGE_OVERHEAD = 4  # tokens the fake chat template adds around each message
+FAKE_VOCAB = 1000  # token ids are characters' code points modulo this (`encode`)
 
 
 class FakeStream:
@@ -71,6 +73,8 @@ class FakeStreamingEngine:
             last = " ".join(map(str, last))
         if self.error is not None:
             raise EngineDeadError(self.error)
+        if sampling_params.logit_bias and max(sampling_params.logit_bias) >= FAKE_VOCAB:  # as InputProcessor
+            raise ValueError(f"logit_bias: token id(s) {max(sampling_params.logit_bias)} are out of the vocabulary")
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
         if last.startswith("SLOW"):  # a slow admission: a long prompt to tokenise, an adapter read from disk
@@ -124,7 +128,7 @@ class FakeStreamingEngine:
 
     def encode(self, text: str) -> list[int]:
         """One token per character, as the replies are."""
-        return [ord(c) % 1000 for c in text]
+        return [ord(c) % FAKE_VOCAB for c in text]
 
     def encode_chat(self, messages: list[dict], **chat_options) -> list[int]:
         """A chat template of its own: MESSAGE_OVERHEAD tokens around each message, one token per character."""

@@ -95,6 +95,7 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
     ({"logit_bias": {"5": "high"}}, "logit_bias"),
     ({"logit_bias": {"5": True}}, "logit_bias"),
     ({"logit_bias": {"5": None}}, "logit_bias"),
+    ({"logit_bias": {"5": 1, "1000": 1}}, "logit_bias"),  # past the (fake) vocabulary: the worker's refusal
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"prompt_logprobs": -1}, "prompt_logprobs"),  # vLLM's "the whole vocabulary": refused here
     ({"prompt_logprobs": "2"}, "prompt_logprobs"),
