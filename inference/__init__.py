@@ -12,12 +12,12 @@ from inference.engine import LLMEngine
 from inference.llm import LLM
 from inference.lora import LoRAError, LoRARequest
 from inference.model_loader import ModelNotFoundError
-from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
+from inference.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.streaming import EngineDeadError, EngineHealth, RequestStream, StreamingEngine
 
 __all__ = [
     "LLM", "SamplingParams", "BeamSearchParams", "EngineArgs", "LLMEngine", "StreamingEngine", "RequestStream", "RequestOutput",
-    "CompletionOutput", "StreamDelta", "ModelNotFoundError", "IntegrityError",
+    "CompletionOutput", "Logprob", "StreamDelta", "ModelNotFoundError", "IntegrityError",
     "EngineHealth", "EngineDeadError", "LoRARequest", "LoRAError",
 ]

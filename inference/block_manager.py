@@ -265,9 +265,9 @@ class BlockManager:
         """Physical blocks holding the longest cached block-aligned prefix of a new sequence.
 
         At most `len(token_ids) - 1` tokens are served from cache: the last token must run through the
-        model to produce logits.
+        model to produce logits. None for a request that does not read the cache (`Request.reads_prefix_cache`).
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.request.reads_prefix_cache:
             return []
         self._update_block_hashes(seq)
         max_blocks = (len(seq.token_ids) - 1) // self.block_size

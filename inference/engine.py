@@ -26,12 +26,15 @@ from inference.model_loader import resolve_model
 from inference.model_runner import ModelRunner
 from inference.outputs import RequestOutput
 from inference.pool_view import PoolView
-from inference.sampler import sample
+from inference.sampler import sample, token_logprobs
 from inference.sampling_params import SamplingParams
 from inference.scheduler import Scheduler
-from inference.sequence import Request, Sequence, SequenceStatus
+from inference.sequence import Logprob, Request, Sequence, SequenceStatus
 from inference.stopping import check_stop
 from inference.structured_outputs import StructuredOutputManager
+
+# Prompt-logprob rows turned into logprobs at a time: 256 rows of SmolLM2's vocabulary are 50 MB of float32.
+PROMPT_LOGPROB_ROWS = 256
 
 
 class LLMEngine:
@@ -137,11 +140,14 @@ class LLMEngine:
             i for i, item in enumerate(plan.scheduled)
             if item.seq.num_computed_tokens + item.num_new_tokens == len(item.seq.token_ids)
         ]
+        prompt_rows = self._prompt_logprob_rows(plan.scheduled)
         try:
-            logits = self.runner.execute(plan.scheduled, sample_rows, plan.copies)
+            logits = self.runner.execute(plan.scheduled, sample_rows, plan.copies, prompt_rows)
         except BaseException:
             self.scheduler.step_failed()
             raise
+        if prompt_rows:
+            logits = self._record_prompt_logprobs(plan.scheduled, prompt_rows, logits, len(sample_rows))
         self.scheduler.step_ran(plan)
 
         seqs, rows = [], []
@@ -176,6 +182,52 @@ class LLMEngine:
                 del self.requests[request.request_id]
             outputs.append(RequestOutput.from_request(request))
         return outputs
+
+    def _prompt_logprob_rows(self, scheduled: list) -> dict[int, tuple[int, int]]:
+        """For the scheduled chunks of requests with prompt_logprobs: which of their tokens' logits this step
+        must return, `{entry: (offset in its chunk, count)}`. The logits at position p give prompt token p + 1's
+        logprob, so a chunk [start, end) covers tokens start + 1 .. min(end, prompt length - 1); positions done
+        before (a chunk recomputed after a preemption) are not asked again. Empty for the plain step."""
+        rows = {}
+        for i, item in enumerate(scheduled):
+            request, seq = item.seq.request, item.seq
+            if request.prompt_logprobs is None:
+                continue
+            start = seq.num_computed_tokens
+            first = max(start, len(request.prompt_logprobs) - 1)
+            stop = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
+            if first < stop:
+                rows[i] = (first - start, stop - first)
+        return rows
+
+    def _record_prompt_logprobs(self, scheduled: list, prompt_rows: dict[int, tuple[int, int]],
+                                logits: torch.Tensor, num_sampled: int) -> torch.Tensor:
+        """Append the prompt logprobs of this step's rows (after the `num_sampled` sampled rows of `logits`) to
+        their requests, `PROMPT_LOGPROB_ROWS` rows at a time (a whole chunk's log-softmax at once would double
+        its logits' memory); return the sampled rows' logits."""
+        row = num_sampled
+        decoded: dict[int, str] = {}
+
+        def text(token: int) -> str:
+            if token not in decoded:
+                decoded[token] = self.tokenizer.decode([token])
+            return decoded[token]
+
+        for i, (offset, count) in prompt_rows.items():
+            seq = scheduled[i].seq
+            k = seq.request.params.prompt_logprobs
+            first = seq.num_computed_tokens + offset + 1  # the prompt token the first row predicts
+            for done in range(0, count, PROMPT_LOGPROB_ROWS):
+                size = min(PROMPT_LOGPROB_ROWS, count - done)
+                targets = seq.token_ids[first + done : first + done + size]
+                chosen, ranks, top_ids, top_values = token_logprobs(logits[row + done : row + done + size],
+                                                                     targets, k)
+                for t, lp, rank, ids, values in zip(targets, chosen, ranks, top_ids, top_values):
+                    entry = {t: Logprob(lp, rank, text(t))}
+                    entry.update((tid, Logprob(v, r + 1, text(tid))) for r, (tid, v) in enumerate(zip(ids, values)))
+                    seq.request.prompt_logprobs.append(entry)
+            row += count
+        return logits[:num_sampled]
 
     def _fail_uncompiled_grammars(self) -> list[RequestOutput]:
         """End the waiting requests whose grammar failed to compile (aborted, the error as stop reason)."""

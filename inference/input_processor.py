@@ -60,6 +60,10 @@ class InputProcessor:
                 f"the prompt has {len(token_ids)} tokens; max_model_len is {self.max_model_len}, "
                 "which must leave room for at least one generated token"
             )
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            outside = sorted(t for t in params.logit_bias if t >= self.vocab_size)[:5]
+            raise ValueError(f"logit_bias: token id(s) {outside} are out of the vocabulary "
+                             f"(ids must be in [0, {self.vocab_size}))")
         if params.n > self.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
         adapter = self._adapter(lora_request)

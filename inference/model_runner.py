@@ -157,9 +157,12 @@ class ModelRunner:
         return num_blocks
 
     def execute(
-        self, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]]
+        self, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]],
+        prompt_rows: dict[int, tuple[int, int]] | None = None,
     ) -> torch.Tensor:
-        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`, in that order.
+        """Run one step; return float32 logits for the scheduled entries listed in `sample_rows`, in that order,
+        then, for each entry `i: (offset, count)` of `prompt_rows` in order, the logits of `count` consecutive
+        tokens of entry i's chunk from its `offset`-th on (prompt logprobs; None or {} for the plain step).
 
         With LoRA the batch's rows are laid out grouped by adapter (`LoRAManager.row_order`); nothing
         outside this method sees that order. Under tensor parallelism any failure once the batch is sent
@@ -170,7 +173,8 @@ class ModelRunner:
             position = {i: k for k, i in enumerate(order)}
             scheduled = [scheduled[i] for i in order]
             sample_rows = [position[i] for i in sample_rows]
-        batch = StepBatch.build(scheduled, sample_rows, block_copies, self.block_size)
+            prompt_rows = {position[i]: span for i, span in (prompt_rows or {}).items()}
+        batch = StepBatch.build(scheduled, sample_rows, block_copies, self.block_size, prompt_rows)
         if self.ranks is not None:
             try:
                 self.ranks.send(batch.to_payload())
@@ -224,7 +228,8 @@ class StepBatch:
     input_ids, positions, slot_mapping   one entry per token of the step
     block_tables                         [seqs, max blocks], padded with 0 past each sequence's blocks
     context_lens                         one per sequence; query_start_loc: seqs + 1 offsets into the tokens
-    sample_rows                          the token rows whose logits are sampled (each one's last token)
+    sample_rows                          the token rows whose logits are returned: each sampled entry's last
+                                         token, then the prompt-logprob rows (`ModelRunner.execute`)
     block_copies                         [copies, 2] (source block, destination block), done before the forward
 
     `to_payload` packs it into one tensor for rank 0's broadcast; `from_payload` unpacks it on each rank.
@@ -241,7 +246,7 @@ class StepBatch:
 
     @classmethod
     def build(cls, scheduled: list[ScheduledSeq], sample_rows: list[int], block_copies: list[tuple[int, int]],
-              block_size: int) -> StepBatch:
+              block_size: int, prompt_rows: dict[int, tuple[int, int]] | None = None) -> StepBatch:
         input_ids, positions, slots, ctx_lens, q_starts = [], [], [], [], [0]
         bs = block_size
         for item in scheduled:
@@ -259,8 +264,11 @@ class StepBatch:
         def tensor(values: list) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
 
+        rows = [q_starts[i + 1] - 1 for i in sample_rows]
+        for i, (offset, count) in (prompt_rows or {}).items():
+            rows.extend(range(q_starts[i] + offset, q_starts[i] + offset + count))
         return cls(tensor(input_ids), tensor(positions), tensor(slots), tensor(tables), tensor(ctx_lens),
-                   tensor(q_starts), tensor([q_starts[i + 1] - 1 for i in sample_rows]),
+                   tensor(q_starts), tensor(rows),
                    tensor(block_copies).view(-1, 2))
 
     def to_payload(self) -> torch.Tensor:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.sequence import Request, RequestMetrics
+from inference.sequence import Logprob, Request, RequestMetrics
+
+__all__ = ["CompletionOutput", "Logprob", "RequestOutput", "StreamDelta"]
 
 
 @dataclass
@@ -32,6 +34,9 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs: per prompt token, None for the first, else {token id: Logprob}
+    # holding the prompt token and the top-k at its position (vLLM's shape); filled as the prefill goes.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @classmethod
     def from_request(cls, request: Request) -> RequestOutput:
@@ -58,6 +63,7 @@ class RequestOutput:
             finished=request.is_finished,
             metrics=request.metrics,
             num_cached_tokens=request.metrics.num_cached_tokens,
+            prompt_logprobs=None if request.prompt_logprobs is None else list(request.prompt_logprobs),
         )
 
     @classmethod

@@ -1,11 +1,12 @@
 """Turn one logits row per sequence into one token per sequence, vectorised over the batch.
 
-Order of operations (as in vLLM): the grammar mask of constrained rows (structured outputs: disallowed
-tokens get -inf, so nothing after can pick them), penalties, then temperature, then top-k, top-p and
-min-p filtering, then sampling. Greedy rows take the argmax of the penalised logits. Random rows draw by
+Order of operations (as in vLLM V1): the grammar mask of constrained rows (structured outputs: disallowed
+tokens get -inf, so nothing after can pick them), each row's `logit_bias` (skipped when no row has one),
+penalties, then temperature, then top-k, top-p and min-p filtering, then sampling. Greedy rows take the argmax of the penalised logits. Random rows draw by
 inverse CDF from one uniform number per row; a seeded sequence takes its number from its own
 `torch.Generator`, so its tokens do not depend on what else is in the batch.
-Log-probabilities, when asked for, come from the masked logits, before any of the other processing.
+Log-probabilities, when asked for, come from the masked logits, before any of the other processing (the
+bias included: vLLM's default "raw_logprobs" mode).
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
 # filtered support (a top-k within it, a top-p nucleus or min-p cut reached inside it); otherwise on the
 # full vocabulary. Either way the result is exact; the candidate path avoids sorting 49k logits per row.
 CANDIDATES = 256
+
+
+def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Add each row's `logit_bias` to a copy of `logits` (one index_put for the whole batch)."""
+    rows, ids, values = [], [], []
+    for i, p in enumerate(params):
+        if p.logit_bias:
+            rows.extend([i] * len(p.logit_bias))
+            ids.extend(p.logit_bias)
+            values.extend(p.logit_bias.values())
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
+    return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def _filter_mask(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -139,6 +153,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], mask: TokenMask | None = 
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = logits.log_softmax(-1)
+    if any(p.logit_bias for p in params):
+        logits = _apply_logit_bias(logits, params)
     if any(p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty for p in params):
         logits = _apply_penalties(logits.clone(), seqs)
     # max's indices are argmax's (the first of equal maxima, documented) at 1/3.7 of the time on the CPU: 0.4 ms
@@ -168,3 +184,15 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], mask: TokenMask | None = 
                 entry.update((t, v) for t, v in top if v != float("-inf"))
             logprob_dicts[i] = entry
     return SamplerOutput(ids, logprob_dicts, sampled)
+
+
+def token_logprobs(logits: torch.Tensor, targets: list[int], k: int) -> tuple[list[float], list[int],
+                                                                              list[list[int]], list[list[float]]]:
+    """Per row of raw `logits` [rows, vocab]: the log-probability of `targets[row]` and its rank (how many tokens
+    are at least as likely, itself included: vLLM's count), then the k most likely tokens and their logprobs.
+    What prompt logprobs are made of (vLLM takes them from the raw logits, no bias or penalty)."""
+    logprobs = logits.log_softmax(-1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device).unsqueeze(1))
+    ranks = (logprobs >= chosen).sum(-1)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
+    return chosen.squeeze(1).tolist(), ranks.tolist(), top_ids.tolist(), top_values.tolist()

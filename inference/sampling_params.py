@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -54,6 +57,12 @@ class SamplingParams:
     `temperature == 0` means greedy. `top_k` of 0 or -1 and `top_p == 1` disable those filters.
     `logprobs=k` returns, per generated token, the k most likely tokens' log-probabilities (plus the
     sampled one's) computed from the raw model logits, as vLLM does.
+    `prompt_logprobs=k` returns, per prompt token after the first, its log-probability and the k most likely
+    tokens' at that position (`RequestOutput.prompt_logprobs`); such a request reads nothing from the prefix
+    cache, as in vLLM, since every prompt position's logits must be computed.
+    `logit_bias` maps token ids to a bias added to their logits before penalties, temperature and the filters
+    (greedy included), after the logprobs are taken; each bias is clamped to [-100, 100] as OpenAI does, and
+    keys may be integer strings (JSON's keys). The engine refuses ids outside the vocabulary.
     """
 
     n: int = 1
@@ -72,6 +81,8 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
     # A grammar the output must follow (inference.structured_outputs); a dict is taken as its fields,
     # which is how the params travel from the web process to a worker.
@@ -111,6 +122,13 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= self.MAX_LOGPROBS
         ):
             fail("logprobs", f"must be an integer in [0, {self.MAX_LOGPROBS}] or None")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or isinstance(self.prompt_logprobs, bool)
+            or not 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS
+        ):
+            fail("prompt_logprobs", f"must be an integer in [0, {self.MAX_LOGPROBS}] or None")
+        if self.logit_bias is not None:
+            self.logit_bias = self._clamped_bias(fail)
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stops):
             fail("stop", "must be a non-empty string or a list of non-empty strings")
@@ -129,6 +147,22 @@ class SamplingParams:
         elif self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                     StructuredOutputsParams):
             fail("structured_outputs", "must be a StructuredOutputsParams, a dict of its fields or None")
+
+    def _clamped_bias(self, fail: Callable[[str, str], None]) -> dict[int, float] | None:
+        """`logit_bias` with int keys (an integer string is taken, as JSON keys are strings) and each bias
+        clamped to [-100, 100]; an empty mapping is no bias (None), so batches skip the work."""
+        if not isinstance(self.logit_bias, dict):
+            fail("logit_bias", "must be a dict of token id -> bias")
+        bias = {}
+        for token, value in self.logit_bias.items():
+            if isinstance(token, str) and re.fullmatch(r"-?[0-9]+", token.strip()):
+                token = int(token)
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                fail("logit_bias", f"keys must be non-negative token ids (integers or integer strings): {token!r}")
+            if not _is_number(value) or math.isinf(value):
+                fail("logit_bias", f"values must be finite numbers: {value!r} for token {token}")
+            bias[token] = min(100.0, max(-100.0, float(value)))
+        return bias or None
 
     @property
     def greedy(self) -> bool:

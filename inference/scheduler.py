@@ -187,7 +187,7 @@ class Scheduler:
         """Whether at least half of the tokens `seq` would compute lie in blocks, right after its cached
         prefix, that a running prefill is computing now. Waiting costs it one step (or as many as that
         prefill's chunks), so a block or two of a short shared header is not worth it; most of a prompt is."""
-        if not in_flight:
+        if not in_flight or not seq.request.reads_prefix_cache:
             return False
         bs = self.block_manager.block_size
         shared = 0

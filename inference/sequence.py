@@ -98,6 +98,16 @@ class Sequence:
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position, in vLLM's shape: `rank` is how many tokens of the vocabulary
+    are at least as likely, itself included (1 = the most likely; vLLM's count), `decoded_token` its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class RequestMetrics:
     """Wall-clock times (time.perf_counter) of one request's life, for TTFT / ITL figures."""
 
@@ -183,9 +193,13 @@ class Request:
     # The compiled grammar the output must follow (a Future: it compiles in the background), or None.
     grammar: Future | None = None
     metrics: RequestMetrics = field(init=False)
+    # With params.prompt_logprobs: one entry per prompt token computed so far, the first None (nothing
+    # precedes it), each later one {token id: Logprob} for the prompt token and the top-k at its position.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.prompt_logprobs = None if self.params.prompt_logprobs is None else [None]
         self.seqs.append(self.new_sequence(0, list(self.prompt_token_ids)))
 
     def new_sequence(self, index: int, token_ids: list[int]) -> Sequence:
@@ -197,6 +211,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return all(seq.is_finished for seq in self.seqs)
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """False for a request with prompt_logprobs (as vLLM skips the cache for it): every prompt position's
+        logits must come out of its own prefill. Its blocks are still registered for others to reuse."""
+        return self.params.prompt_logprobs is None
 
     @property
     def grammar_ready(self) -> bool:

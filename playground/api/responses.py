@@ -88,6 +88,13 @@ class Shape:
     def num_choices(self) -> int:
         return self.request.params["n"] * max(1, len(self.request.echo))
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether the request asked for prompt_logprobs: then, as vLLM's server, a completion choice carries its
+        prompt's (a list: None for the first token, then {token id: {logprob, rank, decoded_token}}), and a
+        chat response its one prompt's, beside the choices. Not in streams (vLLM refuses them there)."""
+        return self.request.params.get("prompt_logprobs") is not None
+
     # --- whole responses ---------------------------------------------------------------------------
     def completion(self, done: dict[str, Any]) -> dict[str, Any]:
         choices = []
@@ -102,8 +109,12 @@ class Shape:
                 choice["text"] = self.echo(output["index"]) + output["text"]
             choice["logprobs"] = self._logprobs(output)
             choice["finish_reason"] = reason
+            if self.wants_prompt_logprobs and not self.chat:
+                choice["prompt_logprobs"] = output.get("prompt_logprobs")
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        if self.wants_prompt_logprobs and self.chat:  # vLLM puts a chat's beside its choices (one prompt)
+            body["prompt_logprobs"] = done["outputs"][0].get("prompt_logprobs") if done["outputs"] else None
         body["usage"] = usage(done["usage"], done.get("receipt"))
         return body
 

@@ -25,11 +25,12 @@ logger = logging.getLogger(__name__)
 # Accepted and ignored: bookkeeping fields some clients always send.
 IGNORED = {"user", "metadata", "store", "service_tier"}
 # vLLM's extra sampling fields, beyond the sampling table's (serving/web/sampling.py), with their checks.
-EXTRA_SAMPLING = {"min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens"}
+EXTRA_SAMPLING = {"min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                  "logit_bias"}
 # Known, but honoured only at their default: any other value is a 400 naming the field.
-DEFAULT_ONLY = {"spaces_between_special_tokens": True, "logit_bias": None, "prompt_logprobs": None,
-                "suffix": None}
-PROMPT_FIELDS = {"echo", "truncate_prompt_tokens"}
+DEFAULT_ONLY = {"spaces_between_special_tokens": True, "suffix": None}
+# (prompt_logprobs is no sampling extra: the Responses API, which passes those on, has no place for them.)
+PROMPT_FIELDS = {"echo", "truncate_prompt_tokens", "prompt_logprobs"}
 TEMPLATE_FIELDS = {"add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 COMMON = ({"model", "stream", "stream_options", "logprobs"} | SAMPLING | EXTRA_SAMPLING | set(DEFAULT_ONLY)
           | PROMPT_FIELDS | IGNORED)
@@ -38,6 +39,7 @@ COMPLETION_FIELDS = COMMON | {"prompt", "best_of"}
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_STOP_TOKEN_IDS = 64
+MAX_PROMPT_LOGPROBS = 20  # the engine's SamplingParams.MAX_LOGPROBS (vLLM's default max_logprobs)
 MAX_PROMPTS = 16  # prompts in one /v1/completions request
 MAX_TOKEN_ID = 2**31 - 1
 FIELD_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # what an ignored field's name must look like to be echoed
@@ -159,7 +161,36 @@ def _extra_sampling(body: Mapping[str, Any], max_tokens: int) -> dict[str, Any]:
             raise ApiError(400, f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids",
                            param="stop_token_ids")
         extras["stop_token_ids"] = ids
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias:
+        extras["logit_bias"] = bias
+    prompt_logprobs = _int_or_none(body, "prompt_logprobs", 0, MAX_PROMPT_LOGPROBS)
+    if prompt_logprobs is not None:
+        if prompt_logprobs > 0 and body.get("stream") is True:  # vLLM's rule: they come with the whole response
+            raise ApiError(400, "prompt_logprobs are not available when stream=true", param="prompt_logprobs")
+        if body.get("stream") is not True:  # a stream's 0 (vLLM accepts it) returns nothing: not computed
+            extras["prompt_logprobs"] = prompt_logprobs
     return extras
+
+
+def _logit_bias(raw: Any) -> dict[str, float]:
+    """OpenAI's logit_bias: {token id (as a string: JSON keys are) -> bias}, each bias clamped to [-100, 100] as
+    OpenAI and vLLM do. Whether the ids are in the vocabulary is the worker's check (the web side has no
+    tokenizer): its refusal is a 400 naming logit_bias too."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ApiError(400, "logit_bias must be an object mapping token ids to biases", param="logit_bias")
+    bias = {}
+    for token, value in raw.items():
+        if not re.fullmatch(r"[0-9]{1,10}", token) or int(token) > MAX_TOKEN_ID:
+            raise ApiError(400, f"logit_bias keys must be token ids (non-negative integers), got {token[:40]!r}",
+                           param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise ApiError(400, f"logit_bias values must be numbers, got {json.dumps(value)[:40]} for {token}",
+                           param="logit_bias")
+        bias[str(int(token))] = min(100.0, max(-100.0, float(value)))
+    return bias
 
 
 def _truncation(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,8 @@ from .tokenization import TokenizerRequest, parse_detokenize, parse_tokenize
 # Unknown request fields are ignored (vLLM does so too, with a log line); their names come back in this header.
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 SERVER_VERSION = "0.1.0"
+# Request fields only the worker can check in full (it has the tokenizer): its refusal names them.
+WORKER_CHECKED = {"logit_bias"}
 FAILURE_STATUS = {"invalid_request": 400, "unavailable": 503, "timeout": 504, "server_error": 500}
 
 
@@ -55,7 +57,10 @@ def _read_body(request: HttpRequest) -> dict[str, Any]:
 
 def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
     status = FAILURE_STATUS.get(exc.code, 500)
-    return ApiError(status, api_message(api_request.structured, str(exc)), code=exc.code if status == 400 else None)
+    # A refusal the engine words "<field>: why" (logit_bias's ids outside the vocabulary) names the field.
+    param = next((f for f in WORKER_CHECKED if str(exc).startswith(f"{f}: ")), None) if status == 400 else None
+    return ApiError(status, api_message(api_request.structured, str(exc)), param=param,
+                    code=exc.code if status == 400 else None)
 
 
 def _method_not_allowed(allowed: str) -> HttpResponse:

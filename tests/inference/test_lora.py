@@ -88,6 +88,22 @@ def test_one_batch_mixing_base_and_two_adapters_equals_each_alone(tiny, llm):
     assert_idle(llm)
 
 
+def test_prompt_logprobs_in_a_batch_regrouped_by_adapter_equal_merged_hf(tiny, llm):
+    # The runner lays a LoRA batch out by adapter: the prompt-logprob rows must follow their sequences there.
+    names = ["b", None, "a"]
+    prompts = [prompt_ids(llm, t) for t in PROMPTS]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1),
+                        lora_request=[tiny["requests"][n] if n else None for n in names])
+    for name, prompt, out in zip(names, prompts, outs):
+        ids = prompt["prompt_token_ids"]
+        model = tiny["merged"][name] if name else tiny["base"]
+        with torch.no_grad():
+            expected = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        got = torch.tensor([entry[t].logprob for t, entry in zip(ids[1:], out.prompt_logprobs[1:])])
+        assert torch.allclose(got, expected[torch.arange(len(ids) - 1), ids[1:]], atol=1e-4), name
+    assert_idle(llm)
+
+
 def test_prefix_cache_shares_blocks_only_under_the_same_adapter(tiny, llm):
     off = LLM(model=str(tiny["root"] / "base"), num_kv_blocks=64, max_model_len=256, enable_lora=True, max_loras=2,
               max_lora_rank=8, enable_prefix_caching=False)

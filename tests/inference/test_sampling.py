@@ -164,3 +164,73 @@ def test_random_sampling_follows_the_filtered_distribution(params, vocab):
     want = _reference_filtered(probs, **params)
     assert set(tokens.unique().tolist()) <= set(want.nonzero().flatten().tolist())
     assert torch.allclose(counts, want, atol=0.015)
+
+
+BIAS_PROMPT = "The capital of France is"
+
+
+def test_logit_bias_forces_a_token_in_greedy_and_random_sampling(tokenizer):
+    llm = get_llm()
+    banana = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    for params in (SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logit_bias={banana: 100}),
+                   SamplingParams(temperature=1.0, n=2, seed=5, max_tokens=5, ignore_eos=True,
+                                  logit_bias={str(banana): 250})):  # a string key (JSON's); clamped to 100
+        out = llm.generate(BIAS_PROMPT, params)[0]
+        assert [o.token_ids for o in out.outputs] == [[banana] * 5] * params.n
+
+
+def test_logit_bias_minus_100_gives_hf_second_choice_and_logprobs_stay_raw(hf_model, tokenizer):
+    llm = get_llm()
+    ids = tokenizer.encode(BIAS_PROMPT, add_special_tokens=False)
+    with torch.no_grad():
+        row = hf_model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+    first, second = row.topk(2).indices.tolist()
+    plain = llm.generate(BIAS_PROMPT, SamplingParams(temperature=0, max_tokens=1, logprobs=1))[0].outputs[0]
+    biased = llm.generate(BIAS_PROMPT, SamplingParams(temperature=0, max_tokens=1, logprobs=1,
+                                                      logit_bias={first: -100}))[0].outputs[0]
+    assert plain.token_ids == [first] and biased.token_ids == [second]
+    # vLLM's default logprobs are the raw model's: the bias moves the pick, not the reported logprobs.
+    assert biased.logprobs[0][first] == pytest.approx(row[first].item(), abs=2e-4)
+    assert biased.logprobs[0][second] == pytest.approx(row[second].item(), abs=2e-4)
+
+
+def test_logit_bias_in_a_mixed_batch_leaves_the_other_request_alone(tokenizer):
+    llm = get_llm()
+    banana = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    alone = llm.generate(PROMPT, greedy)[0].outputs[0].text
+    biased, plain = llm.generate([BIAS_PROMPT, PROMPT], [
+        SamplingParams(temperature=0, max_tokens=12, logit_bias={banana: 100}), greedy])
+    assert plain.outputs[0].text == alone
+    assert biased.outputs[0].token_ids[0] == banana
+
+
+def test_logit_bias_cannot_leave_a_grammar(tokenizer):
+    from inference.sampling_params import StructuredOutputsParams
+
+    llm = get_llm()
+    banana = tokenizer.encode(" banana", add_special_tokens=False)[0]
+    out = llm.generate(BIAS_PROMPT, SamplingParams(
+        temperature=0, max_tokens=8, logit_bias={banana: 100},
+        structured_outputs=StructuredOutputsParams(choice=["Paris", "London"])))[0].outputs[0]
+    assert out.text in ("Paris", "London")
+
+
+@pytest.mark.parametrize("bias, why", [
+    ([1, 2], "must be a dict"), ({"x": 1.0}, "keys must be"), ({-3: 1.0}, "keys must be"),
+    ({True: 1.0}, "keys must be"), ({5: "high"}, "finite numbers"), ({5: float("nan")}, "finite numbers"),
+    ({5: float("inf")}, "finite numbers"),
+])
+def test_logit_bias_bad_values_are_refused(bias, why):
+    with pytest.raises(ValueError, match=f"logit_bias.*{why}"):
+        SamplingParams(logit_bias=bias)
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused_and_clamped_inside():
+    llm = get_llm()
+    vocab = llm.llm_engine.runner.cfg.vocab_size
+    with pytest.raises(ValueError, match=r"logit_bias.*out of the vocabulary"):
+        llm.generate(BIAS_PROMPT, SamplingParams(max_tokens=1, logit_bias={vocab: 5.0}))
+    params = SamplingParams(logit_bias={"7": -1000, 8: 3})
+    assert params.logit_bias == {7: -100.0, 8: 3.0}
+    assert SamplingParams(logit_bias={}).logit_bias is None

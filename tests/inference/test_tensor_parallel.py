@@ -131,6 +131,23 @@ def test_prefix_caching_under_tp(smollm_tp3, hf_greedy):
     assert_idle(smollm_tp3)
 
 
+def test_prompt_logprobs_and_logit_bias_under_tp(smollm_tp3, hf_model):
+    # The prompt-logprob rows travel in the step's broadcast batch; every rank computes them, rank 0 reads them.
+    tok = smollm_tp3.get_tokenizer()
+    prompt = max(ORACLE_PROMPTS, key=len)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    banana = tok.encode(" banana", add_special_tokens=False)[0]
+    [out] = smollm_tp3.generate(prompt, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2,
+                                                       logit_bias={banana: 100}), use_tqdm=False)
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    assert len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None
+    got = torch.tensor([entry[t].logprob for t, entry in zip(ids[1:], out.prompt_logprobs[1:])])
+    assert torch.allclose(got, expected[torch.arange(len(ids) - 1), ids[1:]], atol=1e-3)
+    assert out.outputs[0].token_ids == [banana, banana]
+    assert_idle(smollm_tp3)
+
+
 def test_n_samples_fork_and_copy_on_write_under_tp(smollm_tp3, hf_greedy):
     # Greedy samples are all HF's continuation; they share the prompt's partial block until each writes to
     # it, which copies it on every rank (a rank that missed the copy would change the tokens).

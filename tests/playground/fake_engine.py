@@ -1,6 +1,8 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
 model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart
-(a message starting "REJECT" is refused; one starting "SLOW" takes `slow_admission_s` to submit),
+(with prompt_logprobs, the last message's characters after the first get logprob -position, rank 1)
+(a message starting "REJECT" is refused, as is a logit_bias id past its vocabulary of VOCAB; one
+starting "SLOW" takes `slow_admission_s` to submit),
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
 `fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
 `health()` reports the loop dead, as StreamingEngine does.
@@ -11,7 +13,7 @@ import time
 from types import SimpleNamespace
 
 from inference import EngineDeadError, EngineHealth
-from inference.outputs import CompletionOutput, RequestOutput, StreamDelta
+from inference.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from inference.sampling_params import SamplingParams
 from inference.sequence import RequestMetrics
 
@@ -86,6 +88,8 @@ class FakeStreamingEngine:
             last = " ".join(map(str, last))
         if self.error is not None:
             raise EngineDeadError(self.error)
+        if sampling_params.logit_bias and max(sampling_params.logit_bias) >= VOCAB:  # as InputProcessor
+            raise ValueError(f"logit_bias: token id(s) {max(sampling_params.logit_bias)} are out of the vocabulary")
         if last.startswith("REJECT"):
             raise ValueError("prompt is longer than max_model_len (fake engine)")
         if last.startswith("SLOW"):  # a slow admission: a long prompt to tokenise, an adapter read from disk
@@ -99,10 +103,15 @@ class FakeStreamingEngine:
         stop = self.live[request_id] = threading.Event()
         replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
         full = [len(f"echo{i}: {last}") for i in range(sampling_params.n)]
-        threading.Thread(target=self._run, args=(stream, stop, replies, full, n_prompt), daemon=True).start()
+        prompt_logprobs = None
+        if sampling_params.prompt_logprobs is not None:
+            prompt_logprobs = [None] + [{self.encode(c)[0]: Logprob(-float(p), 1, c)} for p, c in enumerate(last) if p]
+        threading.Thread(target=self._run, args=(stream, stop, replies, full, n_prompt, prompt_logprobs),
+                         daemon=True).start()
         return stream
 
-    def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int):
+    def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int,
+             prompt_logprobs: list | None = None):
         metrics = RequestMetrics(arrival_time=time.perf_counter())
         emitted = [0] * len(replies)
         reason = None
@@ -130,7 +139,8 @@ class FakeStreamingEngine:
         for i, reply in enumerate(replies):
             finish = "abort" if reason == "abort" else ("length" if len(reply) < full[i] else "stop")
             outputs.append(CompletionOutput(i, reply[: emitted[i]], list(range(emitted[i])), finish))
-        stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0)
+        stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0,
+                                     prompt_logprobs)
         self.live.pop(stream.request_id, None)
         stream.put(None)
 

@@ -88,8 +88,20 @@ def test_unknown_fields_are_ignored_and_named_in_a_header(monkeypatch, headers):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"logit_bias": [5, 10]}, "logit_bias"),
+    ({"logit_bias": {"five": 10}}, "logit_bias"),
+    ({"logit_bias": {"-1": 10}}, "logit_bias"),
+    ({"logit_bias": {"1.5": 10}}, "logit_bias"),
+    ({"logit_bias": {"5": "high"}}, "logit_bias"),
+    ({"logit_bias": {"5": True}}, "logit_bias"),
+    ({"logit_bias": {"5": None}}, "logit_bias"),
+    ({"logit_bias": {"5": 1, "1000": 1}}, "logit_bias"),  # past the (fake) vocabulary: the worker's refusal
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),  # vLLM's "the whole vocabulary": refused here
+    ({"prompt_logprobs": "2"}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1.5}, "prompt_logprobs"),
+    ({"prompt_logprobs": True}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),  # vLLM refuses them in a stream too
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({"continue_final_message": True}, "continue_final_message"),  # the last message is the user's
@@ -107,6 +119,34 @@ def test_known_but_unsupported_values_are_refused_by_name(monkeypatch, headers, 
     assert response.status_code == 400 and json.loads(content)["error"]["param"] == param
     assert param.split(".")[0] in json.loads(content)["error"]["message"] or param == "messages"
     assert requests == []
+
+
+def test_logit_bias_and_prompt_logprobs_reach_the_engine_and_come_back_as_vllm_s(monkeypatch, headers):
+    """logit_bias: integer-string keys, each bias clamped to [-100, 100]; prompt_logprobs: each completion
+    choice carries its own prompt's, a chat response has them beside its choices (vLLM's places)."""
+    body = {"model": MODEL, "prompt": ["abc", "xy"], "n": 2, "max_tokens": 4, "echo": True, "prompt_logprobs": 1,
+            "logit_bias": {"5": 250, "07": -3.5}}
+    answers, requests, _ = post_all(monkeypatch, headers, [
+        ("/v1/completions", body),
+        ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 4, "prompt_logprobs": 0}),
+        ("/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2, "stream": True, "prompt_logprobs": 0}),
+        ("/v1/completions", {"model": MODEL, "prompt": "ab", "max_tokens": 2}),
+    ])
+    params = requests[0]["params"]
+    assert params.logit_bias == {5: 100.0, 7: -3.5} and params.prompt_logprobs == 1
+    completion = json.loads(answers[0][1])
+    expected = {"abc": [None, {"98": {"logprob": -1.0, "rank": 1, "decoded_token": "b"}},
+                        {"99": {"logprob": -2.0, "rank": 1, "decoded_token": "c"}}],
+                "xy": [None, {"121": {"logprob": -1.0, "rank": 1, "decoded_token": "y"}}]}
+    assert [c["prompt_logprobs"] for c in completion["choices"]] == [expected["abc"]] * 2 + [expected["xy"]] * 2
+    assert [c["text"] for c in completion["choices"]][::2] == ["abcecho", "xyecho"]  # echo keeps working
+    chat = json.loads(answers[1][1])
+    assert chat["prompt_logprobs"] == [None, {"105": {"logprob": -1.0, "rank": 1, "decoded_token": "i"}}]
+    assert "prompt_logprobs" not in chat["choices"][0]
+    assert answers[2][0].status_code == 200 and "prompt_logprobs" not in answers[2][1].decode()
+    assert "prompt_logprobs" not in json.loads(answers[3][1])["choices"][0]
+    assert requests[3]["params"].prompt_logprobs is None  # a stream returns none: none are computed
+    assert requests[4]["params"].logit_bias is None and requests[4]["params"].prompt_logprobs is None
 
 
 def test_best_of_above_n_is_refused(monkeypatch, headers):

@@ -1,7 +1,8 @@
 """vLLM's extra fields change the output as vLLM's do, on the real model (greedy, few tokens), through the
 worker's EngineService and the request envelope: min_tokens, ignore_eos, stop_token_ids,
 include_stop_str_in_output, skip_special_tokens, truncate_prompt_tokens, add_generation_prompt,
-continue_final_message, chat_template_kwargs, top_k, min_p, repetition_penalty and seed."""
+continue_final_message, chat_template_kwargs, top_k, min_p, repetition_penalty, seed, logit_bias and
+prompt_logprobs."""
 import pytest
 
 from inference.llm import encode_chat
@@ -130,3 +131,31 @@ def test_tokenize_and_detokenize_jobs_use_the_generations_tokenizer(service):
     assert service.tokenize(Job({}, prompt=plain["tokens"], kind="detokenize")) == {"prompt": text}
     with pytest.raises(ValueError, match="^tokens: token id"):
         service.tokenize(Job({}, prompt=[1, len(tokenizer)], kind="detokenize"))
+
+
+def test_logit_bias_changes_the_reply_and_ids_outside_the_vocabulary_are_refused(service):
+    engine = service.wait_ready(0)
+    banana = engine.encode(" banana")[0]
+    biased, ids = chat(service, max_tokens=3, ignore_eos=True, logit_bias={str(banana): 100})  # as JSON carries it
+    assert ids == [banana] * 3 and biased["outputs"][0]["text"] == " banana" * 3
+    _, greedy_ids = chat(service, max_tokens=3)
+    _, avoided = chat(service, max_tokens=1, logit_bias={str(greedy_ids[0]): -100})
+    assert avoided[0] != greedy_ids[0]
+    vocab = engine.engine.runner.cfg.vocab_size
+    with pytest.raises(ValueError, match="logit_bias"):  # the worker's refusal: a 400 naming it (runtime.py)
+        service.submit("out-of-vocab", Job({**GREEDY, "logit_bias": {str(vocab): 1.0}}, ASK))
+
+
+def test_prompt_logprobs_come_back_in_the_done_payload(service):
+    engine = service.wait_ready(0)
+    done, _ = run(service, Job({**GREEDY, "max_tokens": 2, "prompt_logprobs": 2}, prompt="The cat sat on the mat"))
+    prompt_ids = engine.encode("The cat sat on the mat")
+    entries = done["outputs"][0]["prompt_logprobs"]
+    assert len(entries) == len(prompt_ids) and entries[0] is None
+    for token, entry in zip(prompt_ids[1:], entries[1:]):
+        assert str(token) in entry and len(entry) in (2, 3)  # the prompt token and the top 2
+        assert sorted(e["rank"] for e in entry.values())[:2] == [1, 2]  # the top 2 (the prompt token may be one)
+        assert entry[str(token)]["decoded_token"] == engine.tokenizer.decode([token])
+        assert entry[str(token)]["logprob"] <= 0
+    plain, _ = run(service, Job({**GREEDY, "max_tokens": 2}, prompt="The cat sat on the mat"))
+    assert "prompt_logprobs" not in plain["outputs"][0]

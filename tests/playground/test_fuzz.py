@@ -41,9 +41,12 @@ messages = st.builds(
     ),
     words,
 )
+# Token ids mostly inside SmolLM2's vocabulary (49,152), some past it (the worker's 400), biases beyond the clamp.
+logit_biases = st.dictionaries(st.integers(0, 50_000).map(str), st.floats(-150, 150), max_size=3)
 API_COMMON = {**SAMPLING, "stream": st.booleans(),
               "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
-                                                                    "continuous_usage_stats": st.booleans()})}
+                                                                    "continuous_usage_stats": st.booleans()}),
+              "logit_bias": logit_biases, "prompt_logprobs": st.integers(-1, 21)}
 chat_bodies = st.fixed_dictionaries(
     {"model": st.just(MODEL), "messages": messages},
     optional={**API_COMMON, "logprobs": st.booleans(), "max_completion_tokens": st.integers(1, 8)},
@@ -102,8 +105,10 @@ def check_api_answer(status: int, body: bytes, stream_asked: bool, answer_key: s
 @pytest.mark.parametrize(
     "path, bodies",
     [
-        ("/v1/chat/completions", api_bodies(chat_bodies, ["messages", "logprobs", "top_logprobs", "max_completion_tokens"])),
-        ("/v1/completions", api_bodies(completion_bodies, ["prompt", "logprobs", "echo"])),
+        ("/v1/chat/completions", api_bodies(chat_bodies, ["messages", "logprobs", "top_logprobs", "max_completion_tokens",
+                                                          "logit_bias", "prompt_logprobs"])),
+        ("/v1/completions", api_bodies(completion_bodies, ["prompt", "logprobs", "echo", "logit_bias",
+                                                           "prompt_logprobs"])),
         ("/tokenize", api_bodies(tokenize_bodies, ["prompt", "messages", "add_special_tokens", "return_token_strs"])),
         ("/detokenize", api_bodies(detokenize_bodies, ["tokens"])),
     ],
@@ -118,11 +123,18 @@ def test_api_inputs_never_cause_a_server_error(server, path, bodies):
         status, answer = server.post(path, body, headers)
         statuses.append(status)
         try:
-            stream_asked = json.loads(body).get("stream") is True
+            asked = json.loads(body)
         except ValueError:
-            stream_asked = False
-        check_api_answer(status, answer, stream_asked and "tokenize" not in path,
+            asked = {}
+        asked = asked if isinstance(asked, dict) else {}
+        stream_asked = asked.get("stream") is True and "tokenize" not in path
+        check_api_answer(status, answer, stream_asked,
                          {"/tokenize": "tokens", "/detokenize": "prompt"}.get(path, "choices"))
+        generated = status == 200 and path.endswith("completions") and not stream_asked
+        if generated and asked.get("prompt_logprobs") is not None:
+            reply = json.loads(answer)  # vLLM's places: beside a chat's choices, in each completion choice
+            entries = reply["prompt_logprobs"] if "messages" in asked else reply["choices"][0]["prompt_logprobs"]
+            assert entries[0] is None and all(isinstance(e, dict) and e for e in entries[1:])
 
     fuzz()
     assert 200 in statuses and 400 in statuses  # both served and refused inputs were tried

@@ -218,7 +218,7 @@ def summarize(
     ttft_ms = None if metrics.ttft is None else round(metrics.ttft * 1000, 1)
     elapsed = (metrics.finished_time or metrics.arrival_time) - metrics.arrival_time
     done = {
-        "outputs": [_output(o, decode, metrics) for o in final.outputs],
+        "outputs": [_output(o, decode, metrics, prompt_logprobs(final.prompt_logprobs)) for o in final.outputs],
         "usage": {
             "prompt_tokens": len(final.prompt_token_ids),
             "completion_tokens": completion_tokens,
@@ -255,15 +255,28 @@ def prompt_segments(
     return segments
 
 
-def _output(output: Any, decode: Callable[[list[int]], str] | None, metrics: Any) -> dict[str, Any]:
+def _output(output: Any, decode: Callable[[list[int]], str] | None, metrics: Any,
+            prompt: list[dict[str, dict[str, Any]] | None] | None) -> dict[str, Any]:
     summary = {"index": output.index, "text": output.text, "finish_reason": output.finish_reason,
                "completion_tokens": len(output.token_ids)}
+    if prompt is not None:  # the request's, on each of its outputs: each is a choice of its own in the API
+        summary["prompt_logprobs"] = prompt
     if output.logprobs is not None and decode is not None:
         summary["logprobs"] = token_logprobs(output.token_ids, output.logprobs, lambda t: decode([t]))
     if output.index in metrics.masked_tokens:
         summary["grammar_mask"] = {"removed": metrics.masked_tokens[output.index],
                                    "vocab_size": metrics.mask_vocab_size}
     return summary
+
+
+def prompt_logprobs(entries: list[dict[int, Any] | None] | None) -> list[dict[str, dict[str, Any]] | None] | None:
+    """`RequestOutput.prompt_logprobs` as vLLM's server writes it: per prompt token None (the first) or
+    {token id: {logprob, rank, decoded_token}}, a -inf logprob as -9999.0 (JSON has no infinity; vLLM's value)."""
+    if entries is None:
+        return None
+    return [None if entry is None else {
+        str(token): {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": lp.decoded_token}
+        for token, lp in entry.items()} for entry in entries]
 
 
 def token_logprobs(
