@@ -73,7 +73,7 @@ class ApiRequest:
 def parse_body(raw: bytes, limits: Mapping[str, int], max_bytes: int) -> dict[str, Any]:
     """The body as a JSON object, by the edge's rules (serving/web/edge.py): 413 over `max_bytes`, else 400."""
     try:
-        return parse_json_object(raw, max_bytes, limits["max_json_depth"], what="request body")
+        return parse_json_object(raw, max_bytes, limits["max_json_depth"], what="request body", allow_nul=True)
     except TooLarge as exc:
         raise ApiError(413, str(exc), code="request_too_large") from None
     except InvalidInput as exc:

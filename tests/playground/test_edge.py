@@ -1,5 +1,5 @@
 """Every bad input answered at the edge, for the OpenAI API (chat and completions, streaming or not) and
-the edge's own rules: unpaired surrogates and NUL, JSON nested 50,000 deep, oversize bodies. Each gets a
+the edge's own rules: unpaired surrogates and NUL (which the API alone takes), JSON nested 50,000 deep, oversize bodies. Each gets a
 clear HTTP 400/413 naming the problem; nothing reaches a worker, no slot is taken. (The chat socket's bad
 frames: test_consumer.py; over the real server: test_web_server.py.)"""
 import asyncio
@@ -11,6 +11,8 @@ from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.test import AsyncClient
 
+from fake_worker import worker
+
 from playground.accounts.models import ApiKey
 from playground.serving.web import dispatch
 from playground.serving.web.edge import InvalidInput, nesting_depth, parse_json_object
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 DEEP = "[" * 50_000 + "]" * 50_000
 BAD_TEXTS = {"surrogate": "hi \ud800", "low surrogate": "\udfff!", "nul": "a\x00b"}
+SURROGATES = {name: text for name, text in BAD_TEXTS.items() if name != "nul"}
 
 
 def as_json(value) -> str:
@@ -42,6 +45,11 @@ def test_invalid_unicode_is_refused_naming_where_it_is(name):
         parse_json_object(as_json({"messages": [{"content": text}]}), 10**6, 32)
     with pytest.raises(InvalidInput, match="a field name in params contains"):
         parse_json_object(as_json({"params": {text: 1}}), 10**6, 32)
+    if name in SURROGATES:  # the API's parse takes NUL, never a lone surrogate
+        with pytest.raises(InvalidInput, match=r"messages\[0\]\.content contains an unpaired surrogate"):
+            parse_json_object(as_json({"messages": [{"content": text}]}), 10**6, 32, allow_nul=True)
+    else:
+        assert parse_json_object(as_json({"prompt": text}), 10**6, 32, allow_nul=True) == {"prompt": text}
 
 
 @pytest.fixture
@@ -59,7 +67,7 @@ def api_post(path: str, body: str | bytes, key: str):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("name", BAD_TEXTS)
+@pytest.mark.parametrize("name", SURROGATES)
 def test_api_refuses_invalid_unicode_with_400_streaming_or_not(monkeypatch, api_key, name, stream):
     monkeypatch.setattr(dispatch, "submit", lambda *args: pytest.fail("a bad body reached dispatch"))
     text = BAD_TEXTS[name]
@@ -72,6 +80,23 @@ def test_api_refuses_invalid_unicode_with_400_streaming_or_not(monkeypatch, api_
         error = json.loads(response.content)["error"]
         assert error["type"] == "invalid_request_error" and error["message"].startswith(f"{where} contains")
     assert not cache.get(f"limits:conc:user:{User.objects.get(username='client').pk}")  # no slot was taken
+
+
+def test_api_takes_a_nul_as_vllm_does_and_the_engine_sees_it(monkeypatch, api_key):
+    """SmolLM2's vocabulary has a token for NUL, and vLLM's random benchmark dataset sends it: the API (which
+    stores nothing of a request) passes it to the engine; only the chat socket, whose messages are stored,
+    refuses it."""
+    async def scenario():
+        async with worker(monkeypatch) as (engine, _):
+            response = await AsyncClient().post(
+                "/v1/completions", as_json({"model": "smollm2-135m-instruct", "prompt": "a\x00b", "max_tokens": 50}),
+                content_type="application/json", headers={"Authorization": f"Bearer {api_key}"})
+            return response, engine.requests
+
+    response, requests = asyncio.run(scenario())
+    assert response.status_code == 200, response.content
+    assert requests[-1]["prompt"] == "a\x00b"
+    assert json.loads(response.content)["choices"][0]["text"] == "echo0: a\x00b"
 
 
 def test_api_refuses_deep_nesting_with_400_and_a_large_body_with_413(api_key, settings):

@@ -7,7 +7,9 @@ same rules hold everywhere, in this order, each before the next step could be hu
    `json.loads` (whose recursion 50,000 nested `[` would exhaust: a RecursionError, not a ValueError);
 3. JSON syntax, and an object at the top;
 4. text: no unpaired UTF-16 surrogate (`"\\ud800"` decodes to one; the tokenizer, SQLite and UTF-8 encoders
-   refuse it) and no NUL (PostgreSQL refuses it), in any key or value, named by its path.
+   refuse it) and no NUL (PostgreSQL refuses it), in any key or value, named by its path. The OpenAI API takes
+   NUL (`allow_nul`): nothing of an API request is stored, SmolLM2's vocabulary has a token for it, and vLLM's
+   server takes it (its random benchmark dataset sends it).
 Anything refused raises `InvalidInput` (or `TooLarge`), whose message is safe to show to that client.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def nesting_depth(text: str) -> int:
@@ -47,27 +50,29 @@ def nesting_depth(text: str) -> int:
     return max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
-def check_text(value: Any, path: str = "") -> None:
-    """Refuse unpaired surrogates and NUL characters anywhere in a parsed JSON value (keys included)."""
+def check_text(value: Any, path: str = "", allow_nul: bool = False) -> None:
+    """Refuse unpaired surrogates, and NUL characters unless `allow_nul`, anywhere in a parsed JSON value (keys
+    included)."""
     if isinstance(value, str):
-        _check_string(value, path or "the input")
+        _check_string(value, path or "the input", allow_nul)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_string(key, f"a field name in {path or 'the input'}")
-            check_text(item, f"{path}.{key}" if path else key)
+            _check_string(key, f"a field name in {path or 'the input'}", allow_nul)
+            check_text(item, f"{path}.{key}" if path else key, allow_nul)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            check_text(item, f"{path}[{i}]")
+            check_text(item, f"{path}[{i}]", allow_nul)
 
 
-def _check_string(text: str, where: str) -> None:
-    found = _BAD_TEXT.search(text)
+def _check_string(text: str, where: str, allow_nul: bool) -> None:
+    found = (_SURROGATE if allow_nul else _BAD_TEXT).search(text)
     if found:
         what = "a NUL character" if found.group() == "\x00" else "an unpaired surrogate (invalid Unicode)"
         raise InvalidInput(f"{where} contains {what}; send valid Unicode text")
 
 
-def parse_json_object(raw: str | bytes, max_bytes: int, max_depth: int, what: str = "frame") -> dict[str, Any]:
+def parse_json_object(raw: str | bytes, max_bytes: int, max_depth: int, what: str = "frame",
+                      allow_nul: bool = False) -> dict[str, Any]:
     """Parse one client input (`what` names it in messages: "frame", "the request body") by the rules above."""
     size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
@@ -85,7 +90,7 @@ def parse_json_object(raw: str | bytes, max_bytes: int, max_depth: int, what: st
         raise InvalidInput(f"{what} is not valid JSON") from None
     if not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object")
-    check_text(value)
+    check_text(value, allow_nul=allow_nul)
     return value
 
 
