@@ -179,6 +179,9 @@ def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so `server`'s cleanup stops the running server's whole group: a vLLM engine
+    # core left behind busy-polls a core and would spoil every later timed run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not vllm_cpu.available():
         print(vllm_cpu.unavailable_reason(), file=sys.stderr)
         return 2
