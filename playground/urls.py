@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from playground.api import views as api_views
+from playground.chat import preset_views
 from playground.chat import views as chat_views
 from playground.serving.web import views as serving_views
 
@@ -15,6 +16,8 @@ urlpatterns = [
     path("api/conversations/<uuid:conversation_id>/export/", chat_views.export, name="api-conversation-export"),
     path("api/conversations/<uuid:conversation_id>/messages/<int:message_id>/", chat_views.message,
          name="api-conversation-message"),
+    path("api/presets/", preset_views.preset_list, name="api-presets"),
+    path("api/presets/<uuid:preset_id>/", preset_views.preset, name="api-preset"),
     path("healthz", serving_views.healthz, name="healthz"),
     path("", include("playground.dashboard.urls")),  # /memory/ and /metrics
     path("v1/", include("playground.api.urls")),

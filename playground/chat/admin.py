@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Conversation, Message
+from .models import Conversation, Message, Preset
 
 
 class MessageInline(admin.TabularInline):
@@ -28,3 +28,9 @@ class MessageAdmin(admin.ModelAdmin):
     @admin.display(description="content")
     def short_content(self, obj: Message) -> str:
         return obj.content[:80]
+
+
+@admin.register(Preset)
+class PresetAdmin(admin.ModelAdmin):
+    list_display = ("name", "user", "session_key", "model", "updated_at")
+    search_fields = ("name", "user__username")

@@ -1,27 +1,38 @@
-"""Conversations and their messages, owned by a user or, for anonymous use, by a session.
+"""Conversations and their messages, and the user's presets, owned by a user or, for anonymous use, by a session.
 
 A conversation's messages form a tree: editing a message or regenerating a reply adds a sibling beside the
 old one (a branch) instead of replacing it, as chat apps keep them. `Conversation.leaf` is the last message of
 the branch on screen; the transcript is the path from the root to it (store.active_path).
+
+Conversations and presets have one ownership rule (`OwnedQuerySet.owned_by`, `has_owner`, and
+store.owner_fields for what a caller creates): a signed-in user's rows are theirs; an anonymous visitor's
+belong to their session.
 """
 import uuid
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Lower
 
 
 TITLE_MAX_CHARS = 200
+PRESET_NAME_MAX_CHARS = 80
 
 
-class ConversationQuerySet(models.QuerySet):
-    def owned_by(self, user, session_key: str | None) -> "QuerySet[Conversation]":
-        """Conversations visible to this user (or to this anonymous session)."""
+class OwnedQuerySet(models.QuerySet):
+    def owned_by(self, user, session_key: str | None) -> QuerySet:
+        """Rows visible to this user (or to this anonymous session)."""
         if user is not None and user.is_authenticated:
             return self.filter(user=user)
         if not session_key:
             return self.none()
         return self.filter(user__isnull=True, session_key=session_key)
+
+
+def has_owner(name: str) -> models.CheckConstraint:
+    """Every owned row has a user or, anonymous, a session."""
+    return models.CheckConstraint(condition=Q(user__isnull=False) | ~Q(session_key=""), name=name)
 
 
 class Conversation(models.Model):
@@ -42,16 +53,12 @@ class Conversation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects = ConversationQuerySet.as_manager()
+    objects = OwnedQuerySet.as_manager()
 
     class Meta:
         ordering = ["-pinned", "-updated_at", "-id"]  # the sidebar's order; listing.py pages through it
         indexes = [models.Index(fields=["user", "-pinned", "-updated_at", "-id"], name="conversation_list_order")]
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(user__isnull=False) | ~Q(session_key=""), name="conversation_has_owner"
-            )
-        ]
+        constraints = [has_owner("conversation_has_owner")]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -95,3 +102,35 @@ class Message(models.Model):
             "usage": self.usage,
             "timing": self.timing,
         }
+
+
+class Preset(models.Model):
+    """A named system prompt and sampling settings (and model, where the page offers a choice) that its owner
+    applies to the chat page's controls; playground/chat/presets.py checks what is stored."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="chat_presets"
+    )
+    session_key = models.CharField(max_length=40, blank=True, db_index=True, help_text="owner when anonymous")
+    name = models.CharField(max_length=PRESET_NAME_MAX_CHARS)
+    system_prompt = models.TextField(blank=True)
+    params = models.JSONField(help_text="every sampling field, validated by the one table (serving/web/sampling.py)")
+    model = models.CharField(max_length=255, blank=True, help_text="the model or adapter chosen; blank: none")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = OwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = [Lower("name"), "id"]  # the picker's order
+        constraints = [
+            has_owner("preset_has_owner"),
+            models.UniqueConstraint(fields=["user", "name"], condition=Q(user__isnull=False),
+                                    name="preset_name_unique_per_user"),
+            models.UniqueConstraint(fields=["session_key", "name"], condition=Q(user__isnull=True),
+                                    name="preset_name_unique_per_session"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

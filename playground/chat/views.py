@@ -78,6 +78,7 @@ def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
         },
         "urls": {
             "conversations": reverse("api-conversations"),
+            "presets": reverse("api-presets"),
             "login": reverse("login"),
             "logout": reverse("logout"),
             "admin": reverse("admin:index"),

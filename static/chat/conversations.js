@@ -11,7 +11,7 @@ function csrfToken() {
 /** A request the server refused; `message` is the server's own (it names the field at fault). */
 export class RequestError extends Error {}
 
-async function requestJson(url, options = {}) {
+export async function requestJson(url, options = {}) {
   const response = await fetch(url, { credentials: "same-origin", ...options });
   if (!response.ok) {
     const body = await response.json().catch(() => null);
@@ -20,7 +20,7 @@ async function requestJson(url, options = {}) {
   return response.status === 204 ? null : response.json();
 }
 
-function sending(method, body) {
+export function sending(method, body) {
   return { method, headers: { "X-CSRFToken": csrfToken(), "Content-Type": "application/json" }, body };
 }
 

@@ -14,6 +14,7 @@ import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
 import { ResponseFormatControl } from "./format.js";
 import { ContextMeter } from "./meter.js";
+import { PresetPicker } from "./presets.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -54,6 +55,8 @@ const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 const formatControl = new ResponseFormatControl($("response-format"));
 const meter = new ContextMeter($("context-meter"), config.context);
 showModelPicker(config.models ?? []);
+const presets = new PresetPicker($("presets"), { url: config.urls?.presets ?? "/api/presets/", paramsForm,
+  system: els.system, model: els.model });
 
 /** The model picker, shown only when the server serves LoRA adapters beside the base model (listed first). */
 function showModelPicker(models) {
@@ -683,6 +686,7 @@ function init() {
   socket.connect();
   kvFeed.connect();
   loadHistory();
+  presets.load();
   els.prompt.focus();
 }
 

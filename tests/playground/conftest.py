@@ -40,3 +40,15 @@ def page(browser):
     yield page
     context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture(scope="module")
+def orm_beside_playwright():
+    """For browser tests on Django's live_server that use the ORM between page steps (request it with
+    `pytest.mark.usefixtures` in the module's pytestmark). Playwright's sync API keeps an event loop running in
+    this thread, which makes Django refuse database calls here (SynchronousOnlyOperation), the test database's
+    own set-up and flush included; they run one at a time, between page steps. Module-scoped, so it is in place
+    before any per-test database fixture."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        yield

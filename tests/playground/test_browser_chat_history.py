@@ -12,7 +12,7 @@ from playground.chat.models import Conversation
 
 pytest.importorskip("playwright.sync_api")
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.usefixtures("orm_beside_playwright")]
 
 FILLERS = PAGE_SIZE + 2
 
@@ -23,16 +23,6 @@ def titles(page) -> list[str]:
 
 def item(page, title: str):
     return page.locator("#conv-list li", has=page.locator(".conv-title", has_text=title))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _orm_beside_playwright():
-    """Playwright's sync API keeps an event loop running in this thread, which makes Django refuse database
-    calls here (SynchronousOnlyOperation), the test database's own set-up and flush included; they run one at
-    a time, between page steps. Module-scoped, so it is in place before any per-test database fixture."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        yield
 
 
 @pytest.fixture
