@@ -13,7 +13,7 @@ from typing import Any
 
 from playground.chat.protocol import parse_messages
 from playground.serving.web.edge import InvalidInput, TooLarge, parse_json_object
-from playground.serving.web.sampling import NAMES as SAMPLING
+from playground.serving.web.sampling import API_NAMES as SAMPLING
 from playground.serving.web.sampling import validate_sampling
 
 from . import structured

@@ -15,6 +15,9 @@ import { KvPanel } from "./kvpanel.js";
 import { ResponseFormatControl } from "./format.js";
 import { ContextMeter } from "./meter.js";
 import { PresetPicker } from "./presets.js";
+import { offerTokens } from "./tokens.js";
+import { CodeDialog } from "./viewcode.js";
+import { installShortcuts } from "./shortcuts.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const $ = (id) => document.getElementById(id);
@@ -399,6 +402,7 @@ function handleDone(msg) {
     timing: stream.timing, gaps: stream.gaps, json: active.json,
     masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
     receipt: stream.receipt, promptSegments: stream.promptSegments, context: stream.context });
+  offerTokens(view, msg.outputs);
   const turn = {
     el: view.el,
     role: "assistant",
@@ -649,9 +653,6 @@ function wire() {
     updateMeter();
   });
   els.params.addEventListener("input", updateMeter);
-  document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && state.active) stop();
-  });
   els.stop.addEventListener("click", stop);
   $("new-chat").addEventListener("click", () => {
     resetConversation();
@@ -675,8 +676,40 @@ function wire() {
   });
 }
 
+/** View code (viewcode.js) and the keyboard shortcuts (their one table: shortcuts.js). */
+function wireTools() {
+  const codeDialog = new CodeDialog({
+    specs: config.sampling ?? [],
+    endpoint: new URL("/v1/chat/completions", window.location.origin).href,
+    current: () => {
+      const draft = els.prompt.value.trim();
+      return {
+        model: els.model.value || (config.models ?? [])[0] || "",
+        messages: draft ? [...transcriptPayload(), { role: "user", content: draft }] : transcriptPayload(),
+        params: paramsForm.read().params,
+        responseFormat: formatControl.read().format ?? null,
+        note: draft ? " and the message being written" : "",
+      };
+    },
+  });
+  $("view-code").addEventListener("click", () => codeDialog.open());
+  const shortcuts = installShortcuts({
+    focusComposer: () => els.prompt.focus(),
+    stop: () => (state.active ? stop() : false),
+    regenerate: () => {
+      const last = transcript.replies.at(-1);
+      return last && !state.active ? regenerate(last) : false;
+    },
+    newChat: () => $("new-chat").click(),
+    settings: () => togglePanel("settings"),
+    viewCode: () => codeDialog.open(),
+  });
+  $("show-shortcuts").addEventListener("click", () => shortcuts.open());
+}
+
 function init() {
   wire();
+  wireTools();
   wireHistory();
   updateSystemSummary();
   if (config.conversation) showConversation(config.conversation);

@@ -7,7 +7,8 @@
  *
  * A spec: {name, label, kind, min, max, min_open, step, value, help, advanced, max_length?}. kind "range":
  * slider plus number box; "int": number box; "optional-int": blank means unset (null); "lines": textarea,
- * one string per non-empty line (at most `max` lines of at most `max_length` characters). `advanced` fields
+ * one string per non-empty line (at most `max` lines of at most `max_length` characters); "toggle": a
+ * checkbox that sends `on` when checked and leaves the field out (its default) when not. `advanced` fields
  * sit in a collapsed "More options" group so the KV panel below stays in view.
  */
 
@@ -23,7 +24,11 @@ function el(tag, className, text) {
 function field(spec) {
   const wrap = el("label", `param param-${spec.kind}`);
   wrap.append(el("span", "param-label", spec.label));
-  if (spec.kind === "lines") {
+  if (spec.kind === "toggle") {
+    const box = el("input");
+    Object.assign(box, { type: "checkbox", name: spec.name });
+    wrap.prepend(box);
+  } else if (spec.kind === "lines") {
     const area = el("textarea");
     area.name = spec.name;
     area.rows = 2;
@@ -52,6 +57,7 @@ function field(spec) {
 
 /** Parse one field's raw text; returns {value} or {error}. */
 function parse(spec, raw) {
+  if (spec.kind === "toggle") return { value: raw ? spec.on : null };
   if (spec.kind === "lines") {
     const lines = raw.split("\n").filter((s) => s.length > 0).map((s) => s.replace(/\\n/g, "\n"));
     if (lines.length > spec.max) return { error: `at most ${spec.max}` };
@@ -103,7 +109,9 @@ export class ParamsForm {
 
   setValue(spec, value) {
     const input = this.form.elements[spec.name];
-    if (spec.kind === "lines") {
+    if (spec.kind === "toggle") {
+      input.checked = value !== null && value !== undefined;
+    } else if (spec.kind === "lines") {
       const lines = typeof value === "string" ? [value] : value ?? [];
       input.value = lines.map((s) => s.replace(/\n/g, "\\n")).join("\n");
     } else {
@@ -136,7 +144,7 @@ export class ParamsForm {
     const errors = {};
     for (const spec of this.specs) {
       const input = this.form.elements[spec.name];
-      const { value, error } = parse(spec, input.value);
+      const { value, error } = parse(spec, spec.kind === "toggle" ? input.checked : input.value);
       this.form.querySelector(`[data-error-for="${spec.name}"]`).textContent = error ?? "";
       input.toggleAttribute("aria-invalid", Boolean(error));
       if (error) {

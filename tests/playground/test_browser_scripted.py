@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
@@ -129,9 +133,10 @@ class HarnessHandler(SimpleHTTPRequestHandler):
         pass
 
 
+MODEL = "smollm2-135m-instruct"
 LIMITS = {**settings.PLAYGROUND_LIMITS, "max_tokens": 512}
 CHAT_CONFIG = {
-    "ws_path": "/ws/chat/", "sampling": sampling.page_specs(LIMITS), "limits": LIMITS,
+    "ws_path": "/ws/chat/", "sampling": sampling.page_specs(LIMITS), "limits": LIMITS, "models": [MODEL],
     "user": {"username": "", "is_authenticated": False, "is_staff": False},
     "urls": {"conversations": "/api/conversations/"}, "conversation": None, "context": meter_config(),
 }
@@ -462,6 +467,178 @@ def test_chat_reply_with_hostile_markdown_and_html_is_rendered_inert(open_page):
     assert body.locator('a[href="https://example.com/track.png"]').inner_text() == "pixel"
     assert body.locator("a").first.get_attribute("rel") == "noopener noreferrer"
     assert '<iframe src="javascript:window.__pwned=7"></iframe>' in body.locator("pre code").inner_text()
+
+
+def token(text: str, p: float, alternatives: list[tuple[str, float]]) -> dict:
+    """One entry of a `done` output's `logprobs` (docs/protocol.md), from probabilities."""
+    return {"token": text, "logprob": math.log(p), "top": [{"token": t, "logprob": math.log(q)} for t, q in alternatives]}
+
+
+HOSTILE_TOKEN = '<img src=x onerror="window.__pwned = 1">'
+
+
+def test_chat_token_probabilities_toggle_asks_for_logprobs_and_each_sample_shows_its_tokens(open_page):
+    page = open_page("/")
+    page.check('#params input[name="logprobs"]')
+    page.fill('#params input[name="n"]', "2")
+    generate = send_prompt(page, "Hi")
+    assert generate["params"]["logprobs"] == 5 and generate["params"]["n"] == 2
+    first = [token("Hel", 0.9, [("Hel", 0.9), ("Hi", 0.05)]),
+             token("lo", 0.25, [("p", 0.5), ("lo", 0.25), (" there", 0.125)]),
+             token(HOSTILE_TOKEN, 0.5, [(HOSTILE_TOKEN, 0.5), ("<script>window.__pwned = 2</script>", 0.5)])]
+    second = [token("Hi", 0.6, [("Hi", 0.6)]), token("!", 1.0, [("!", 1.0)])]
+    chat_frame(page, {"type": "started", "request_id": "r1", "conversation_id": "c1"})
+    chat_frame(page, {"type": "done", "request_id": "r1", "conversation_id": "c1", "worker": "w1",
+                      "outputs": [{"index": 0, "text": "Hello" + HOSTILE_TOKEN, "finish_reason": "stop", "logprobs": first},
+                                  {"index": 1, "text": "Hi!", "finish_reason": "stop", "logprobs": second}],
+                      "usage": {"prompt_tokens": 5, "completion_tokens": 5, "cached_tokens": 0},
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 20.0}})
+    sample = page.locator('.msg-assistant .sample[data-index="0"]')
+    sample.locator(".show-tokens").click()
+    assert sample.locator(".msg-body").is_hidden() and sample.locator(".token-view").is_visible()
+    tokens = sample.locator(".tok")
+    assert tokens.all_inner_texts() == ["Hel", "lo", HOSTILE_TOKEN]
+    # Each sample has its own tokens, shown by its own button.
+    other = page.locator('.msg-assistant .sample[data-index="1"]')
+    assert other.locator(".token-view").is_hidden()
+    other.locator(".show-tokens").click()
+    assert other.locator(".tok").all_inner_texts() == ["Hi", "!"]
+
+    # Hovering a token shows its probability and the alternatives, most likely first, the chosen one marked.
+    tokens.nth(1).hover()
+    tip = sample.locator(".tok-tip")
+    tip.wait_for(state="visible")
+    assert tip.locator(".tok-chosen span").all_inner_texts() == ['"lo"', "25.0%"]
+    rows = tip.locator(".tok-alt").evaluate_all(
+        "els => els.map(e => [e.querySelector('.tok-alt-text').textContent, e.querySelector('.tok-alt-p').textContent])")
+    assert rows == [['"p"', "50.0%"], ['"lo"', "25.0%"], ['" there"', "12.5%"]]
+    assert tip.locator(".tok-alt.chosen .tok-alt-text").inner_text() == '"lo"'
+    # Focus (the keyboard's way) does the same; Escape hides the tip.
+    tokens.nth(0).focus()
+    assert tip.locator(".tok-chosen span").all_inner_texts() == ['"Hel"', "90.0%"]
+    page.keyboard.press("Escape")
+    assert tip.is_hidden()
+    # The less likely a token, the stronger its background.
+    alpha = "e => Number((getComputedStyle(e).backgroundColor.match(/[\\d.]+/g) ?? []).at(3) ?? 1)"
+    assert tokens.nth(1).evaluate(alpha) > tokens.nth(2).evaluate(alpha) > tokens.nth(0).evaluate(alpha)
+
+    # Model text stays text: the hostile token and alternative are shown, never run or parsed as markup.
+    tokens.nth(2).hover()
+    page.wait_for_timeout(200)  # let an onerror fire, if one had been let through
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator(".token-view img, .token-view script").count() == 0
+    assert tip.locator(".tok-alt .tok-alt-text").all_inner_texts() == [json.dumps(HOSTILE_TOKEN),
+                                                                       '"<script>window.__pwned = 2</script>"']
+
+
+SYSTEM = "Be terse. Don't 'quote' me."
+TRICKY = "It's \"quoted\" — naïve 日本語 ✓\nsecond line: a backslash \\ and $HOME `whoami` '' \u2028 end"
+TRICKY_REPLY = "Sure: 'yes' \"no\"\n\ttabbed \\n literally"
+
+
+def test_chat_view_code_writes_a_valid_curl_and_python_call_for_the_chat_and_its_settings(
+        open_page, harness_url, monkeypatch, capsys):
+    page = open_page("/")
+    page.evaluate("() => { window.__copied = []; navigator.clipboard.writeText = async (t) => { window.__copied.push(t); }; }")
+    page.click("#system-box summary")
+    page.fill("#system-prompt", SYSTEM)
+    page.fill('#params input[name="temperature"]', "0.3")
+    page.fill('#params input[name="top_k"]', "40")  # one of vLLM's extras: extra_body for the openai client
+    page.check('#params input[name="logprobs"]')
+    page.click(".params-more summary")
+    page.fill('#params input[name="seed"]', "7")
+    page.fill('#params textarea[name="stop"]', "it's")
+    send_prompt(page, TRICKY)
+    finish_reply(page, TRICKY_REPLY)
+    page.fill("#prompt", "And then?")  # the message being written is the request's last
+    page.click("#view-code")
+    dialog = page.locator(".code-dialog")
+    dialog.wait_for(state="visible")
+    curl = dialog.locator('[data-lang="curl"] code').text_content()
+    python = dialog.locator('[data-lang="python"] code').text_content()
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TRICKY},
+                {"role": "assistant", "content": TRICKY_REPLY}, {"role": "user", "content": "And then?"}]
+    # The API's names and defaults: temperature differs from the API's 1.0; max_tokens (256) and the rest are
+    # at the API's default and left out; the toggle is logprobs + top_logprobs.
+    settings_sent = {"temperature": 0.3, "top_k": 40, "logprobs": True, "top_logprobs": 5, "seed": 7, "stop": ["it's"]}
+    endpoint = harness_url + "/v1/chat/completions"
+
+    # curl: valid bash, and bash hands curl exactly the endpoint, the headers and the JSON body.
+    assert subprocess.run(["bash", "-n"], input=curl.encode()).returncode == 0
+    script = "curl() { printf '%s\\0' \"$@\"; }\n" + curl
+    run = subprocess.run(["bash"], input=script.encode(), capture_output=True, check=True,
+                         env={"PATH": os.environ["PATH"], "PLAYGROUND_API_KEY": "pp-test"})
+    args = run.stdout.decode().split("\0")[:-1]
+    assert args[:6] == ["-N", endpoint, "-H", "Content-Type: application/json", "-H", "Authorization: Bearer pp-test"]
+    assert args[6] == "-d" and len(args) == 8
+    assert json.loads(args[7]) == {"model": MODEL, "messages": messages, **settings_sent, "stream": True}
+
+    # Python: compiles, and run against a stand-in openai module it makes this client and this call.
+    calls = {}
+
+    class Completions:
+        def create(self, **kwargs):
+            calls["create"] = kwargs
+            delta = SimpleNamespace(content="streamed")
+            return iter([SimpleNamespace(choices=[SimpleNamespace(index=0, delta=delta)])])
+
+    class OpenAI:
+        def __init__(self, **kwargs):
+            calls["client"] = kwargs
+            self.chat = SimpleNamespace(completions=Completions())
+
+    monkeypatch.setitem(sys.modules, "openai", SimpleNamespace(OpenAI=OpenAI))
+    monkeypatch.delenv("PLAYGROUND_API_KEY", raising=False)
+    exec(compile(python, "view-code.py", "exec"), {})
+    assert calls["client"] == {"base_url": harness_url + "/v1", "api_key": "EMPTY"}
+    extra = {"top_k": 40}
+    assert calls["create"] == {"model": MODEL, "messages": messages, "extra_body": extra, "stream": True,
+                               **{k: v for k, v in settings_sent.items() if k not in extra}}
+    assert capsys.readouterr().out == "streamed\n"
+
+    dialog.locator('[data-lang="curl"] .code-snippet-copy').click()
+    page.wait_for_function("() => window.__copied.length === 1")
+    assert page.evaluate("window.__copied[0]") == curl
+    # Escape closes the dialog and the focus goes back to the button that opened it.
+    page.keyboard.press("Escape")
+    assert dialog.is_hidden() and page.evaluate("document.activeElement.id") == "view-code"
+
+
+def test_question_mark_lists_the_shortcuts_of_the_one_table_and_they_act(open_page):
+    page = open_page("/")
+    page.focus("#prompt")
+    page.keyboard.press("?")  # typing in a field: a key is text there, not a shortcut
+    assert page.input_value("#prompt") == "?" and page.locator(".shortcuts-dialog").is_hidden()
+    page.fill("#prompt", "")
+    page.evaluate("document.activeElement.blur()")
+    page.keyboard.press("?")
+    dialog = page.locator(".shortcuts-dialog")
+    dialog.wait_for(state="visible")
+    listed = dialog.locator("dt").all_inner_texts()
+    table = page.evaluate("import('/static/chat/shortcuts.js').then((m) => m.SHORTCUTS.map((s) => s.shown ?? s.key))")
+    assert listed == table and {"?", "/", "Esc", "r", "n"} <= set(listed)
+    page.keyboard.press("Escape")
+    assert dialog.is_hidden()
+
+    page.keyboard.press("/")
+    assert page.evaluate("document.activeElement.id") == "prompt" and page.input_value("#prompt") == ""
+    send_prompt(page, "Hi")
+    chat_frame(page, {"type": "started", "request_id": "r1", "conversation_id": "c1"})
+    page.keyboard.press("Escape")  # while typing too: stops the reply
+    assert page.evaluate("window.__sent").pop() == {"type": "cancel", "request_id": "r1"}
+    chat_frame(page, {"type": "done", "request_id": "r1", "conversation_id": "c1", "worker": "w1",
+                      "outputs": [{"index": 0, "text": "He", "finish_reason": "abort"}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "cached_tokens": 0},
+                      "timing": {"ttft_ms": 10.0, "tokens_per_s": 1.0}})
+    page.evaluate("document.activeElement.blur()")
+    page.keyboard.press("r")
+    regenerate = page.evaluate("window.__sent").pop()
+    assert regenerate["type"] == "generate" and regenerate["messages"] == [{"role": "user", "content": "Hi"}]
+    finish_reply(page, "Hello", "r2")
+    page.evaluate("document.activeElement.blur()")
+    page.keyboard.press("n")
+    assert page.locator(".msg").count() == 0 and page.locator("#chat-title").inner_text() == "New chat"
 
 
 def test_chat_any_message_can_be_edited_or_regenerated_and_branches_show(open_page):

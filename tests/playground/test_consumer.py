@@ -125,6 +125,37 @@ def test_n_samples_stream_side_by_side(monkeypatch):
     assert reply.samples == ["echo0:", "echo1:"] and reply.content == "echo0:"
 
 
+def test_logprobs_in_range_reach_the_engine_and_out_of_range_is_refused_naming_the_field(monkeypatch):
+    """The chat page's "Token probabilities" toggle sends params.logprobs, checked by the sampling table
+    (0..20, the engine's most): the engine is asked for that many alternatives per token; a value outside the
+    range or not an integer is an error frame naming the field, and nothing is queued for it."""
+    bad = [21, -1, 2.5, True, "5"]
+
+    async def scenario():
+        async with worker(monkeypatch) as (engine, submitted):
+            ws = await connect()
+            await ws.send_json_to(generate(max_tokens=4, logprobs=5))
+            done = (await until_end(ws))[-1]
+            errors = []
+            for value in bad:
+                await ws.send_json_to(generate(max_tokens=4, logprobs=value))
+                errors.append(await ws.receive_json_from(timeout=5))
+            await ws.disconnect()
+            return done, errors, engine, submitted
+
+    done, errors, engine, submitted = run(scenario())
+    assert done["type"] == "done" and len(submitted) == 1
+    assert [request["params"].logprobs for request in engine.requests] == [5]
+    assert [e["type"] for e in errors] == ["error"] * len(bad) and all("request_id" not in e for e in errors)
+    assert [e["message"] for e in errors] == [
+        "params.logprobs must be in [0, 20], got 21",
+        "params.logprobs must be in [0, 20], got -1",
+        "params.logprobs must be an integer or null",
+        "params.logprobs must be an integer or null",
+        "params.logprobs must be an integer or null",
+    ]
+
+
 @pytest.mark.parametrize(
     "frame, needle",
     [
