@@ -16,7 +16,7 @@ from playground.serving.web.edge import InvalidInput
 from playground.serving.web.models import UnknownModel, adapter_for
 
 from .models import PRESET_NAME_MAX_CHARS, Preset
-from .store import owner_fields
+from .store import one_line, owner_fields
 
 MAX_PRESETS = 50  # per owner: a picker, not a library; the 51st is refused until one is deleted
 FIELDS = ("name", "system_prompt", "params", "model")
@@ -65,7 +65,7 @@ def _checked(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput(f"{unknown[0]}: unknown field (a preset has {', '.join(FIELDS)})")
     fields = {}
     if "name" in body:
-        fields["name"] = _name(body["name"])
+        fields["name"] = one_line(body["name"], "name", PRESET_NAME_MAX_CHARS)
     if "system_prompt" in body:
         fields["system_prompt"] = _system_prompt(body["system_prompt"])
     if "params" in body:
@@ -73,17 +73,6 @@ def _checked(body: dict[str, Any]) -> dict[str, Any]:
     if "model" in body:
         fields["model"] = _model(body["model"])
     return fields
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str):
-        raise InvalidInput("name: must be a string")
-    name = " ".join(value.split())
-    if not name:
-        raise InvalidInput("name: must not be empty")
-    if len(name) > PRESET_NAME_MAX_CHARS:
-        raise InvalidInput(f"name: at most {PRESET_NAME_MAX_CHARS} characters (this one has {len(name)})")
-    return name
 
 
 def _system_prompt(value: Any) -> str:

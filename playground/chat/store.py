@@ -2,6 +2,7 @@
 
 Sync functions: the consumer calls them through `database_sync_to_async`.
 """
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
@@ -62,6 +63,19 @@ def owner_fields(user, session_key: str) -> dict:
     return {"user": user} if user is not None and user.is_authenticated else {"session_key": session_key}
 
 
+def one_line(value: Any, field: str, max_chars: int) -> str:
+    """A name the user typed (a conversation's title, a preset's name) as one line: runs of whitespace become one
+    space; a non-string, an empty name or one over `max_chars` is refused naming `field`."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field}: must be a string")
+    name = " ".join(value.split())
+    if not name:
+        raise InvalidInput(f"{field}: must not be empty")
+    if len(name) > max_chars:
+        raise InvalidInput(f"{field}: at most {max_chars} characters (this one has {len(name)})")
+    return name
+
+
 def update_conversation(conversation: Conversation, changes: dict) -> None:
     """Rename and/or pin a conversation (`changes`: a PATCH body, `{"title": str, "pinned": bool}`, either or
     both). Neither counts as activity: `updated_at` is kept, so renaming or pinning does not reorder the list
@@ -73,15 +87,7 @@ def update_conversation(conversation: Conversation, changes: dict) -> None:
         raise InvalidInput("title or pinned: nothing to change")
     fields = {}
     if "title" in changes:
-        title = changes["title"]
-        if not isinstance(title, str):
-            raise InvalidInput("title: must be a string")
-        title = " ".join(title.split())
-        if not title:
-            raise InvalidInput("title: must not be empty")
-        if len(title) > TITLE_MAX_CHARS:
-            raise InvalidInput(f"title: at most {TITLE_MAX_CHARS} characters (this one has {len(title)})")
-        fields["title"] = title
+        fields["title"] = one_line(changes["title"], "title", TITLE_MAX_CHARS)
     if "pinned" in changes:
         if not isinstance(changes["pinned"], bool):
             raise InvalidInput("pinned: must be true or false")

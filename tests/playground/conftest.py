@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 from django.core.cache import cache
+from django.test import Client
 
 # Debian's chromium, driven by playwright; no browser is ever downloaded (bin/setup installs it).
 CHROMIUM = "/usr/bin/chromium"
@@ -52,3 +53,21 @@ def orm_beside_playwright():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         yield
+
+
+@pytest.fixture
+def ada(django_user_model):
+    """A logged-in test client of user "ada" (`.account` is the user): the owner in the ownership tests."""
+    account = django_user_model.objects.create_user("ada", password="x" * 12)
+    client = Client()
+    client.force_login(account)
+    client.account = account
+    return client
+
+
+@pytest.fixture
+def mallory(django_user_model):
+    """A logged-in test client of another user, "mallory": everything of ada's must be a 404 to her."""
+    client = Client()
+    client.force_login(django_user_model.objects.create_user("mallory", password="x" * 12))
+    return client

@@ -34,22 +34,6 @@ def reply(conversation, text, n=1):
 
 
 @pytest.fixture
-def ada(django_user_model):
-    account = django_user_model.objects.create_user("ada", password="x" * 12)
-    client = Client()
-    client.force_login(account)
-    client.account = account
-    return client
-
-
-@pytest.fixture
-def mallory(django_user_model):
-    client = Client()
-    client.force_login(django_user_model.objects.create_user("mallory", password="x" * 12))
-    return client
-
-
-@pytest.fixture
 def branched(ada):
     """Ada's conversation with two branches: q1 a1 q2 a2 (n=2 samples), and q1 a1 "q2 edited" a2' shown."""
     owner = ada.account

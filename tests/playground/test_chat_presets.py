@@ -35,22 +35,6 @@ def defaults(settings) -> dict:
 
 
 @pytest.fixture
-def ada(django_user_model):
-    account = django_user_model.objects.create_user("ada", password="x" * 12)
-    client = Client()
-    client.force_login(account)
-    client.account = account
-    return client
-
-
-@pytest.fixture
-def mallory(django_user_model):
-    client = Client()
-    client.force_login(django_user_model.objects.create_user("mallory", password="x" * 12))
-    return client
-
-
-@pytest.fixture
 def terse(ada):
     response = post(ada, TERSE)
     assert response.status_code == 201, response.content
