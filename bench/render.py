@@ -56,7 +56,8 @@ Commands are written with today's module names (`python -m bench` was `python -m
 `python -m bench.serving` was `python manage.py bench_ws`). To add a result, see `bench/render.py`: save the run
 with `--out bench/results/raw/...`, add a record pointing at it, re-render. What was tried and dropped, and why:
 [docs/performance-notes.md](docs/performance-notes.md). Every bench: `python -m bench --help`,
-`python -m bench.gpu_suite --help`, `python -m bench.serving --help`; the peers: `bash bench/peers/setup_vllm.sh`,
+`python -m bench.gpu_suite --help`, `python -m bench.serving --help`,
+`python -m bench.serve_vs_vllm --help`; the peers: `bash bench/peers/setup_vllm.sh`,
 `bash bench/peers/setup_llamacpp.sh`.
 """
 
