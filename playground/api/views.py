@@ -55,12 +55,17 @@ def _read_body(request: HttpRequest) -> dict[str, Any]:
     return parse_body(raw, settings.PLAYGROUND_LIMITS, max_bytes)
 
 
-def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
+def _refusal(exc: GenerationFailed, message: str, param: str | None) -> ApiError:
+    """A failed generation or tokenizer job as the API answers it: its status by the worker's code; a 400 (the
+    worker refused the input) names `param` and carries the code."""
     status = FAILURE_STATUS.get(exc.code, 500)
+    return ApiError(status, message, param=param if status == 400 else None, code=exc.code if status == 400 else None)
+
+
+def _failure(exc: GenerationFailed, api_request: ApiRequest) -> ApiError:
     # A refusal the engine words "<field>: why" (logit_bias's ids outside the vocabulary) names the field.
-    param = next((f for f in WORKER_CHECKED if str(exc).startswith(f"{f}: ")), None) if status == 400 else None
-    return ApiError(status, api_message(api_request.structured, str(exc)), param=param,
-                    code=exc.code if status == 400 else None)
+    param = next((f for f in WORKER_CHECKED if str(exc).startswith(f"{f}: ")), None)
+    return _refusal(exc, api_message(api_request.structured, str(exc)), param)
 
 
 def _method_not_allowed(allowed: str) -> HttpResponse:
@@ -146,9 +151,7 @@ async def _tokenizer(request: HttpRequest, parse: Callable[..., TokenizerRequest
             await generation.start(parsed.job)
             done = [update.done async for update in generation.updates() if update.done is not None][0]
         except GenerationFailed as exc:
-            status = FAILURE_STATUS.get(exc.code, 500)
-            return ApiError(status, str(exc), param=parsed.param if status == 400 else None,
-                            code=exc.code if status == 400 else None).response()
+            return _refusal(exc, str(exc), parsed.param).response()
     response = JsonResponse({key: done[key] for key in parsed.answer})
     if parsed.ignored:
         response[IGNORED_FIELDS_HEADER] = ", ".join(parsed.ignored)
