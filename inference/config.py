@@ -39,7 +39,9 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
-    max_model_len: int = 2048
+    # None: the longest context the model and the KV pool both allow (the model's max_position_embeddings,
+    # capped at the pool's tokens); a number is checked against both.
+    max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
@@ -66,7 +68,7 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_model_len < 2:
+        if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.event_log_capacity < 0:
             raise ValueError(f"event_log_capacity must be >= 0, got {self.event_log_capacity}")

@@ -105,7 +105,7 @@ class ModelRunner:
             self.quantization, self.model = weights_of.quantization, weights_of.model
         self.weight_bytes_per_rank = resident_bytes(self.model)
         self.cfg = self.model.cfg
-        if args.max_model_len > self.cfg.max_position_embeddings:
+        if args.max_model_len is not None and args.max_model_len > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len {args.max_model_len} exceeds the model's "
                 f"max_position_embeddings {self.cfg.max_position_embeddings}"
