@@ -76,13 +76,14 @@ class ModelRunner:
         self.device = args.resolve_device()
         if args.tensor_parallel_size > 1:
             self.device = rank_device(self.device, group.rank if group else 0)
-        self.dtype = args.resolve_dtype(self.device)
         if self.device.type == "cpu":
             keep_freed_activations()
         self.block_size = args.block_size
         if weights_of is None:
             self.quantization = resolve_quantization(
                 args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
+        self.dtype = args.resolve_dtype(self.device, quantized=(weights_of or self).quantization is not None)
+        if weights_of is None:
             if group is None and args.tensor_parallel_size > 1:
                 check_tensor_parallel(args, ModelConfig.from_folder(folder), self.device, self.quantization)
                 self.ranks = Ranks(args, folder, self.device, type(self))
