@@ -18,12 +18,23 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts MLP (inference/moe.py) in place of the dense one, and where its weights live."""
+
+    block: str  # the checkpoint's module holding the router (`<block>.gate`) and `<block>.experts.<e>.`
+    expert_weights: tuple[str, str, str]  # each expert's gate, up and down projections, as the checkpoint names them
+    intermediate_field: str  # the config field giving each expert's intermediate size
+    always_normalize: bool  # renormalise the top-k router weights always (Mixtral), or as `norm_topk_prob` says
+
+
+@dataclass(frozen=True)
 class Architecture:
     """One family's departures from the Llama block; all unset is the Llama block itself."""
 
     qkv_bias: bool = False  # q/k/v carry a bias whatever `attention_bias` says (Qwen2)
     qk_norm: bool = False  # every head of q and of k is RMS-normalised (weights [head_dim]) before RoPE (Qwen3)
     window_switch: str | None = None  # the field that must be true for `sliding_window` to apply (Qwen's)
+    moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -31,6 +42,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture(),
     "qwen2": Architecture(qkv_bias=True, window_switch="use_sliding_window"),
     "qwen3": Architecture(qk_norm=True, window_switch="use_sliding_window"),
+    "qwen3_moe": Architecture(qk_norm=True, window_switch="use_sliding_window",
+                              moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size",
+                                      always_normalize=False)),
+    "mixtral": Architecture(moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
+                                    always_normalize=True)),
 }
 
 # Read by `ModelConfig.from_folder` (inference/model.py), inference/rope.py and inference.quantization.
@@ -39,6 +55,9 @@ READ_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "partial_rotary_factor", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id",
     "quantization_config",
+    # Mixture of experts (ModelConfig.from_folder): older configs say num_experts, transformers 5 num_local_experts.
+    "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers",
 })
 
 # Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
@@ -57,10 +76,16 @@ HARMLESS_FIELDS = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
     "begin_suppress_tokens",
+    # Training-only settings of a mixture of experts (the load-balancing loss, router noise).
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
 })
 
 # field -> the value the engine implements (a field absent from the file is taken to hold it).
 IMPLEMENTED_VALUES: dict[str, Any] = {"hidden_act": "silu", "mlp_bias": False, "use_mrope": False}
+
+# A mixture of experts' own fields, refused in a family without one (they would be silently ignored).
+MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
 
 # Checked by `_check_window`.
 WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
@@ -77,6 +102,9 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
     for field, value in IMPLEMENTED_VALUES.items():
         if config.get(field, value) != value:
             raise ValueError(f"{where}: {field}={config[field]!r} is not implemented (only {value!r})")
+    if arch.moe is None and MOE_FIELDS & set(config):
+        raise ValueError(f"{where}: {', '.join(sorted(MOE_FIELDS & set(config)))}: a mixture of experts is not "
+                         f"part of a {model_type!r} model")
     _check_window(config, arch, where)
     unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - WINDOW_FIELDS)
     if unknown:

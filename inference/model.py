@@ -21,6 +21,7 @@ from torch import nn
 
 from inference.architectures import Architecture, architecture
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
+from inference.moe import SparseMoE
 from inference.parallel.group import Group
 from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
@@ -48,6 +49,17 @@ class ModelConfig:
     # (inference/rope.py: `rope_type`, `rope_theta` and the type's own keys).
     architecture: Architecture = field(default_factory=Architecture)
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    # A mixture of experts (`architecture.moe`, inference/moe.py): experts, experts chosen per token, each
+    # expert's intermediate size, whether the router renormalises its top-k, and the layers that stay dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: frozenset[int] = frozenset()
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts."""
+        return self.architecture.moe is not None and layer not in self.dense_layers
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
@@ -72,7 +84,23 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             architecture=arch,
             rope=rope_parameters(cfg, where),
+            **(_moe_fields(cfg, arch) if arch.moe else {}),
         )
+
+
+def _moe_fields(cfg: dict, arch: Architecture) -> dict:
+    """ModelConfig's mixture-of-experts fields from a config.json, as transformers reads them: Qwen3-MoE keeps a
+    dense MLP in `mlp_only_layers` and in layers off every `decoder_sparse_step`-th."""
+    step = cfg.get("decoder_sparse_step", 1)
+    dense = set(cfg.get("mlp_only_layers") or ())
+    dense |= {i for i in range(cfg["num_hidden_layers"]) if (i + 1) % step}
+    return {
+        "num_experts": cfg.get("num_local_experts", cfg.get("num_experts")),
+        "num_experts_per_tok": cfg["num_experts_per_tok"],
+        "moe_intermediate_size": cfg[arch.moe.intermediate_field],
+        "norm_topk_prob": arch.moe.always_normalize or bool(cfg.get("norm_topk_prob", False)),
+        "dense_layers": frozenset(dense),
+    }
 
 
 @dataclass
@@ -185,12 +213,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, group: Group) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, group)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, group)
+        self.mlp = (SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                              cfg.norm_topk_prob) if cfg.is_sparse(index) else MLP(cfg, group))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -201,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.group = group = group or Group.single()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, group) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
@@ -236,9 +265,10 @@ class LlamaForCausalLM(nn.Module):
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
         six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
         the layers must run here: a backend without it, a family that departs from the Llama block
-        (q/k norm), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a quantized
-        one). The list is made once; LoRA, installed after loading, is checked every step."""
-        if not hasattr(ops, "decoder_layers") or self.cfg.architecture.qk_norm:
+        (q/k norm, experts), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a
+        quantized one). The list is made once; LoRA, installed after loading, is checked every step."""
+        arch = self.cfg.architecture
+        if not hasattr(ops, "decoder_layers") or arch.qk_norm or arch.moe:
             return None
         if not hasattr(self, "_stack"):
             linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
@@ -307,6 +337,17 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
             raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
         module.weight.data.copy_(value)
 
+    def load_experts(module: SparseMoE, block: str) -> None:
+        if quant is not None:
+            raise ValueError(f"{source}: quantization={quant.method!r} of a mixture of experts is not implemented "
+                             "(its experts load as float weights only)")
+        names = cfg.architecture.moe.expert_weights
+        experts = [tuple(take(f"{block}experts.{e}.{name}.weight") for name in names) for e in range(cfg.num_experts)]
+        try:
+            module.load(take(block + "gate.weight"), experts, dtype, device)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {block.rstrip('.')}: {exc}") from None
+
     try:
         model.embed_tokens.load(weight("embed_tokens.weight", embedding=True))
     except ValueError as exc:
@@ -323,8 +364,11 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
             bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]).to(device)
         linear(layer.self_attn.qkv_proj, attn + "qkv_proj", *(attn + f"{x}_proj.weight" for x in "qkv"), bias=bias)
         linear(layer.self_attn.o_proj, attn + "o_proj", attn + "o_proj.weight")
-        linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
-        linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
+        if isinstance(layer.mlp, SparseMoE):
+            load_experts(layer.mlp, f"layers.{i}.{cfg.architecture.moe.block}.")
+        else:
+            linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
+            linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
         norm(layer.input_layernorm, f"layers.{i}.input_layernorm")
         norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
         if layer.self_attn.qk_norm is not None:

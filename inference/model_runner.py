@@ -119,6 +119,9 @@ class ModelRunner:
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(self.cfg.num_layers)
         ]
+        if args.enable_lora and self.cfg.architecture.moe is not None:
+            raise ValueError("enable_lora does not support a mixture of experts yet (adapters on the experts are "
+                             "not implemented; the attention's alone would be a different model than PEFT's)")
         self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
                                  self.dtype) if args.enable_lora else None)
         self.kv_pool_bytes_per_rank = self.num_blocks * self._block_bytes

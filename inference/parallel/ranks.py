@@ -93,6 +93,9 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                                  f"int4 groups of {quant.group_size} do not divide")
     if args.enable_lora:
         raise ValueError("tensor_parallel_size>1 does not support enable_lora yet")
+    if cfg.architecture.moe is not None:
+        raise ValueError("tensor_parallel_size>1 does not support a mixture of experts yet (its experts would be "
+                         "split or placed per rank: expert parallelism is not implemented)")
     if device.type == "cuda":
         available = torch.cuda.device_count() - (device.index or 0)
         if size > available:

@@ -7,7 +7,10 @@ prompt plus output cross it.
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoTokenizer, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+    Qwen3MoeConfig, Qwen3MoeForCausalLM,
+)
 
 import kernels.cpu_kernels
 from inference import LLM, SamplingParams
@@ -27,6 +30,12 @@ FAMILIES = {
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=True)),
     "qwen3-yarn": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=False, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 64})),
+    # Mixtures of experts (inference/moe.py): 4 experts, 2 a token; Qwen3-MoE with a dense second layer.
+    "qwen3-moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**FAMILY_SHAPE, num_experts=4, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, norm_topk_prob=True,
+                                                       mlp_only_layers=[1], tie_word_embeddings=True)),
+    "mixtral": (MixtralForCausalLM, MixtralConfig(**{**FAMILY_SHAPE, "intermediate_size": 32}, num_local_experts=4,
+                                                  num_experts_per_tok=2, sliding_window=None)),
 }
 
 
