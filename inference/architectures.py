@@ -24,7 +24,10 @@ class MoE:
     block: str  # the checkpoint's module holding the router (`<block>.gate`) and `<block>.experts.<e>.`
     expert_weights: tuple[str, str, str]  # each expert's gate, up and down projections, as the checkpoint names them
     intermediate_field: str  # the config field giving each expert's intermediate size
-    always_normalize: bool  # renormalise the top-k router weights always (Mixtral), or as `norm_topk_prob` says
+    normalize: str  # renormalise the top-k router weights "always" (Mixtral), "never" (DeepSeek-V2), or as
+    #                 the named config field says (Qwen3-MoE: "norm_topk_prob")
+    router_float32: bool = False  # the router's logits in float32 whatever the activations (DeepSeek)
+    shared_experts: str | None = None  # the module of a dense MLP beside the experts (DeepSeek: "shared_experts")
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class Architecture:
     qkv_bias: bool = False  # q/k/v carry a bias whatever `attention_bias` says (Qwen2)
     qk_norm: bool = False  # every head of q and of k is RMS-normalised (weights [head_dim]) before RoPE (Qwen3)
     window_switch: str | None = None  # the field that must be true for `sliding_window` to apply (Qwen's)
-    moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral)
+    moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral, DeepSeek-V2)
+    mla: bool = False  # multi-head latent attention (inference/mla.py; DeepSeek-V2)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -44,9 +48,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture(qk_norm=True, window_switch="use_sliding_window"),
     "qwen3_moe": Architecture(qk_norm=True, window_switch="use_sliding_window",
                               moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size",
-                                      always_normalize=False)),
-    "mixtral": Architecture(moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
-                                    always_normalize=True)),
+                                      normalize="norm_topk_prob")),
+    "mixtral": Architecture(moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size", normalize="always")),
+    "deepseek_v2": Architecture(mla=True, moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"),
+                                                  "moe_intermediate_size", normalize="never", router_float32=True,
+                                                  shared_experts="shared_experts")),
 }
 
 # Read by `ModelConfig.from_folder` (inference/model.py), inference/rope.py and inference.quantization.
@@ -55,9 +61,13 @@ READ_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "partial_rotary_factor", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id",
     "quantization_config",
-    # Mixture of experts (ModelConfig.from_folder): older configs say num_experts, transformers 5 num_local_experts.
+    # Mixture of experts (inference/moe.py MoEConfig): older configs say num_experts, transformers 5
+    # num_local_experts, DeepSeek n_routed_experts.
     "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-    "decoder_sparse_step", "mlp_only_layers",
+    "decoder_sparse_step", "mlp_only_layers", "n_routed_experts", "n_shared_experts", "routed_scaling_factor",
+    "topk_method", "n_group", "topk_group", "first_k_dense_replace",
+    # Multi-head latent attention (inference/mla.py LatentKV).
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim",
 })
 
 # Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
@@ -85,7 +95,12 @@ IMPLEMENTED_VALUES: dict[str, Any] = {"hidden_act": "silu", "mlp_bias": False, "
 
 # A mixture of experts' own fields, refused in a family without one (they would be silently ignored).
 MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-                        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
+                        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "n_routed_experts",
+                        "n_shared_experts", "routed_scaling_factor", "topk_method", "n_group", "topk_group",
+                        "first_k_dense_replace"})
+# Latent attention's fields, refused in a family without it.
+MLA_FIELDS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "qk_head_dim"})
 
 # Checked by `_check_window`.
 WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
@@ -102,9 +117,11 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
     for field, value in IMPLEMENTED_VALUES.items():
         if config.get(field, value) != value:
             raise ValueError(f"{where}: {field}={config[field]!r} is not implemented (only {value!r})")
-    if arch.moe is None and MOE_FIELDS & set(config):
-        raise ValueError(f"{where}: {', '.join(sorted(MOE_FIELDS & set(config)))}: a mixture of experts is not "
-                         f"part of a {model_type!r} model")
+    for fields, present, what in ((MOE_FIELDS, arch.moe, "a mixture of experts"), (MLA_FIELDS, arch.mla,
+                                                                                   "latent attention")):
+        if not present and fields & set(config):
+            raise ValueError(f"{where}: {', '.join(sorted(fields & set(config)))}: {what} is not part of a "
+                             f"{model_type!r} model")
     _check_window(config, arch, where)
     unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - WINDOW_FIELDS)
     if unknown:
