@@ -339,6 +339,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "weight_bytes": self.runner.weight_bytes,
             "kv_pool_bytes": self.runner.kv_pool_bytes,
+            "kv_bytes_per_token": self.runner.kv_bytes_per_token,
             "tensor_parallel_size": self.runner.group.size,
             "weight_bytes_per_rank": self.runner.weight_bytes_per_rank,
             "kv_pool_bytes_per_rank": self.runner.kv_pool_bytes_per_rank,

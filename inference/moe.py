@@ -1,13 +1,16 @@
-"""A mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks `top_k` of `num_experts` SwiGLU experts for
-each token, and the layer's output is their outputs weighted by the router.
+"""A mixture-of-experts MLP (Qwen3-MoE, Mixtral, DeepSeek-V2): a router picks `top_k` of `num_experts` SwiGLU
+experts for each token, and the layer's output is their outputs weighted by the router (plus, for DeepSeek,
+shared experts every token goes through).
 
 Which families have one, where its weights live in the checkpoint and how the router normalises are stated
 in `inference/architectures.py` (`MoE`); this module computes it. The computation follows HF transformers'
 own, step for step, so that float32 output is bit for bit theirs:
 
-1. router logits `x @ gate.T` in the activations' dtype, softmax in float32, the `top_k` largest
-   probabilities (softmax then top-k, the order both families use), renormalised to sum to one where the
-   family does (Mixtral always; Qwen3-MoE when `norm_topk_prob`);
+1. router logits `x @ gate.T` in the activations' dtype (DeepSeek: in float32), softmax in float32, the
+   `top_k` largest probabilities (softmax then top-k, the order all three use; DeepSeek's group-limited
+   top-k first keeps the experts of the `topk_group` groups whose best expert scores highest), renormalised to
+   sum to one where the family does (Mixtral always; Qwen3-MoE when `norm_topk_prob`; DeepSeek-V2 never),
+   times DeepSeek's `routed_scaling_factor`;
 2. the step's tokens grouped by expert: for each expert some token chose, in ascending expert order, one
    matmul over exactly the tokens that chose it (not one per token), scaled by each token's router weight and
    added into the output. Adding in expert order per token is HF's order, so float sums round alike.

@@ -81,6 +81,12 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                           quant: QuantizationConfig | None) -> None:
     """Everything that would make N ranks fail, as a ValueError before any process starts."""
     size = args.tensor_parallel_size
+    if cfg.mla is not None:
+        raise ValueError("tensor_parallel_size>1 does not support latent attention yet (its one latent per token "
+                         "is shared by all heads, so a rank's cache cannot hold a share of KV heads)")
+    if cfg.moe is not None:
+        raise ValueError("tensor_parallel_size>1 does not support a mixture of experts yet (its experts would be "
+                         "split or placed per rank: expert parallelism is not implemented)")
     check_divisible(cfg, size)
     if quant is not None and quant.method in ("gguf", "awq", "gptq"):
         raise ValueError(f"tensor_parallel_size>1 does not support quantization={quant.method!r} yet "
@@ -93,9 +99,6 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                                  f"int4 groups of {quant.group_size} do not divide")
     if args.enable_lora:
         raise ValueError("tensor_parallel_size>1 does not support enable_lora yet")
-    if cfg.architecture.moe is not None:
-        raise ValueError("tensor_parallel_size>1 does not support a mixture of experts yet (its experts would be "
-                         "split or placed per rank: expert parallelism is not implemented)")
     if device.type == "cuda":
         available = torch.cuda.device_count() - (device.index or 0)
         if size > available:

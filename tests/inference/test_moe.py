@@ -8,25 +8,35 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers import DeepseekV2Config, MixtralConfig, Qwen3MoeConfig
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 import inference.moe
 from inference import LLM
-from inference.moe import SparseMoE
+from inference.linear import FloatWeight
+from inference.model import MLP, ModelConfig
+from inference.moe import MoEConfig, SparseMoE
+from inference.parallel.group import Group
 from tests.inference.tiny_models import SHAPE, save_tiny
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 8, 2
 SMALL = dict(num_kv_blocks=32, max_model_len=128)
 
 
-def hf_block(family: str, normalize: bool = True):
+def hf_block(family: str, normalize: bool = True, grouped: bool = False):
     torch.manual_seed(0)
     if family == "mixtral":
         config = MixtralConfig(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_local_experts=EXPERTS,
                                num_experts_per_tok=TOP_K)
         block = MixtralSparseMoeBlock(config)
+    elif family == "deepseek_v2":
+        config = DeepseekV2Config(hidden_size=HIDDEN, moe_intermediate_size=INTERMEDIATE, n_routed_experts=EXPERTS,
+                                  num_experts_per_tok=TOP_K, n_shared_experts=2, routed_scaling_factor=1.5,
+                                  **(dict(topk_method="group_limited_greedy", n_group=4, topk_group=2) if grouped
+                                     else {}))
+        block = DeepseekV2Moe(config)
     else:
         config = Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=INTERMEDIATE, num_experts=EXPERTS,
                                 num_experts_per_tok=TOP_K, norm_topk_prob=normalize)
@@ -38,17 +48,38 @@ def hf_block(family: str, normalize: bool = True):
 
 
 def ours_like(block) -> SparseMoE:
-    normalize = getattr(block.gate, "norm_topk_prob", True)
-    moe = SparseMoE(HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, normalize)
+    """Our block with HF `block`'s weights and routing."""
+    deepseek = isinstance(block, DeepseekV2Moe)
+    router = block.gate
+    moe = MoEConfig(num_experts=EXPERTS, top_k=TOP_K, intermediate_size=INTERMEDIATE,
+                    normalize=getattr(router, "norm_topk_prob", True) and not deepseek, dense_layers=frozenset(),
+                    router_float32=deepseek, routed_scaling_factor=getattr(router, "routed_scaling_factor", 1.0),
+                    groups=(router.num_group, router.topk_group) if deepseek and router.num_group else None,
+                    shared_intermediate_size=2 * INTERMEDIATE if deepseek else 0)
+    shared = None
+    if deepseek:
+        cfg = ModelConfig(vocab_size=1, hidden_size=HIDDEN, intermediate_size=1, num_layers=1, num_heads=1,
+                          num_kv_heads=1, head_dim=HIDDEN, rms_norm_eps=1e-6, max_position_embeddings=1,
+                          tie_word_embeddings=False, attention_bias=False, eos_token_ids=[])
+        shared = MLP(cfg, Group.single(), moe.shared_intermediate_size)
+        mlp = block.shared_experts
+        shared.gate_up_proj.load(FloatWeight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()))
+        shared.down_proj.load(FloatWeight(mlp.down_proj.weight.detach()))
+    ours = SparseMoE(HIDDEN, moe, shared)
     gate_up, down = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
     experts = [(g, u, d) for g, u, d in zip(*gate_up.chunk(2, dim=1), down)]
-    moe.load(block.gate.weight.detach(), experts, torch.float32, torch.device("cpu"))
-    return moe
+    ours.load(router.weight.detach(), experts, torch.float32, torch.device("cpu"))
+    return ours
 
 
-@pytest.mark.parametrize("family, normalize", [("mixtral", True), ("qwen3_moe", True), ("qwen3_moe", False)])
-def test_the_block_equals_hfs_bit_for_bit(family, normalize):
-    block = hf_block(family, normalize)
+@pytest.mark.parametrize("family, normalize, grouped", [
+    ("mixtral", True, False), ("qwen3_moe", True, False), ("qwen3_moe", False, False), ("deepseek_v2", False, False),
+    ("deepseek_v2", False, True),
+], ids=["mixtral", "qwen3-moe", "qwen3-moe-unnormalized", "deepseek-v2", "deepseek-v2-grouped"])
+def test_the_block_equals_hfs_bit_for_bit(family, normalize, grouped):
+    """Router order, renormalisation, DeepSeek's float32 router, group-limited top-k, scaling and shared
+    experts: the whole block's output equals HF's own exactly."""
+    block = hf_block(family, normalize, grouped)
     x = torch.randn(1, 37, HIDDEN, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = block(x)[0]
