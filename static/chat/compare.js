@@ -30,6 +30,7 @@ class Side {
     const part = (selector) => root.querySelector(selector);
     this.name = name;
     this.formEl = part(".params-form");
+    this.settingsBox = part(".compare-settings");
     this.form = null; // built when Compare first opens (build())
     this.model = part(".compare-model select");
     for (const model of models) this.model.append(new Option(model, model));
@@ -68,10 +69,11 @@ class Side {
     this.error.hidden = !message;
   }
 
-  /** A fresh reply view in the pane for a run of `n` samples. */
+  /** A fresh reply view in the pane for a run of `n` samples; the settings fold away (the header sums them up). */
   begin(n, markdown, display) {
     const view = new ReplyView({ n, markdown, onChoose: (v, index) => v.markChosen(index) });
     this.pane.replaceChildren(view.el);
+    this.settingsBox.open = false;
     this.run = { stream: new ReplyStream(n), view, requestId: null, cancelRequested: false, ended: false, ...display };
     this.showError("");
     this.stopButton.hidden = false;
@@ -146,7 +148,7 @@ export class Compare {
     this.root.hidden = false;
     this.summarize();
     this.onShow(true);
-    this.root.querySelector(".compare-side summary").focus();
+    this.root.querySelector(".compare-settings summary").focus();
   }
 
   /** Hide Compare; a run in flight is stopped first. */

@@ -1,11 +1,9 @@
 """Browser tests of Compare on the chat page (static/chat/compare.js), in Debian's chromium through playwright,
 against the embedded playground with the scripted engine (fake_playground.py: the real server, chat socket,
 Celery task and worker runtime; a reply is "echo<i>: <prompt>", or "<adapter><i>: <prompt>" under a LoRA adapter,
-one character every 30 ms, cut at max_tokens): the words do not matter here, the two streams do.
-
-With PLAYGROUND_SCREENSHOT_DIR set, Compare is saved there as chat-compare.png (docs/ holds the committed one).
+one character every 30 ms, cut at max_tokens): the words do not matter here, the two streams do. (docs/chat-compare.png
+comes from the real model: chat_screenshots.py.)
 """
-import os
 import re
 from pathlib import Path
 
@@ -36,12 +34,6 @@ def server(tmp_path_factory):
     live = embedded(tmp_path_factory.mktemp("compare-browser"))
     yield live
     live.stop()
-
-
-def screenshot(page, name: str) -> None:
-    folder = os.environ.get("PLAYGROUND_SCREENSHOT_DIR")
-    if folder:
-        page.screenshot(path=str(Path(folder) / f"chat-{name}.png"))
 
 
 def side(page, name: str):
@@ -124,7 +116,6 @@ def test_compare_streams_a_and_b_at_once_each_with_its_settings_and_receipt_and_
         assert re.fullmatch(r"\d+ tokens \(\d+ blocks\)",
                             receipt.locator('[data-stat="receipt_cached"] .stat-value').inner_text())
     assert side(page, "A").locator(".regenerate").count() == 0  # a pane is not a turn of the conversation
-    screenshot(page, "compare")
 
     # Nothing was saved: no conversation, the address unchanged, the prompt still in the box.
     page.wait_for_timeout(300)
