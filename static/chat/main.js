@@ -468,7 +468,8 @@ function handleDone(msg) {
 
 /**
  * An error with a request_id is that generation's; one without answers the oldest generate frame still
- * waiting for `started` (an abandoned one first, as in handleStarted), else it is about some other frame.
+ * waiting for `started` (an abandoned one first: handleFrame drops those, as handleStarted cancels them, and a
+ * waiting Compare run takes its refusal), else it is about some other frame.
  */
 function handleError(msg) {
   const active = state.active;
@@ -478,7 +479,7 @@ function handleError(msg) {
 }
 
 function handleFrame(msg) {
-  if (msg.type === "error" && !msg.request_id && abandonedStarts > 0) { // see handleError
+  if (msg.type === "error" && !msg.request_id && abandonedStarts > 0) { // an abandoned generate's (handleError)
     abandonedStarts -= 1;
     return;
   }
