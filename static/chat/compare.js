@@ -261,8 +261,12 @@ export class Compare {
     }
     const side = msg.request_id ? this.sides.find((s) => s.run && s.run.requestId === msg.request_id) : null;
     if (!side) {
-      const waiting = msg.type === "error" && !msg.request_id && this.sides.some((s) => s.streaming
-        && s.run.requestId === null);
+      if (msg.type !== "error" || msg.request_id) return false;
+      if (this.abandoned > 0) { // answers come in order: a run dropped before its answer was sent first
+        this.abandoned -= 1;
+        return true;
+      }
+      const waiting = this.sides.some((s) => s.streaming && s.run.requestId === null);
       if (waiting) this.fail(msg.message ?? "The server refused the comparison.");
       return waiting;
     }

@@ -153,7 +153,6 @@ function setBusy(isBusy) {
   transcript.setRegenerable(!isBusy);
 }
 
-
 function updateEmptyState() {
   els.empty.hidden = state.messages.length > 0 || state.active !== null;
 }
