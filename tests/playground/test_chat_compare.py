@@ -4,14 +4,22 @@ admitted both or neither, validated by the same rules as a generate frame, and s
 worker (tests/playground/fake_worker.py), whose engine answers "echo<i>: <last message>" one character a token.
 """
 import asyncio
+import json
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.cache import cache
 from fake_worker import ASK, connect, generate, until_end, worker
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from inference import LoRARequest
 from playground.accounts import limits
 from playground.chat.models import Conversation
+from playground.chat.protocol import Compare, parse_frame
+from playground.serving.web import sampling
+from playground.serving.web.edge import InvalidInput
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,3 +192,27 @@ def test_base_model_against_an_adapter(monkeypatch, settings):
     assert {r["request_id"]: r["lora_request"] for r in requests} == {a: None,
                                                                       b: LoRARequest("sql-lora", 1, "/adapters/sql")}
     assert per_request(frames, a)[0] == "echo0: h" and per_request(frames, b)[0] == "sql-lora"
+
+
+values = st.recursive(st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats() | st.text(max_size=8),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                      max_leaves=5)
+sides = st.fixed_dictionaries({}, optional={
+    "params": st.one_of(values, st.fixed_dictionaries({}, optional={name: values for name in sampling.NAMES})),
+    "model": values, "response_format": values, "colour": values})
+
+
+@hypothesis_settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+                     database=None)
+@given(frame=st.fixed_dictionaries({"type": st.just("compare"), "messages": st.just(ASK)},
+                                   optional={"sides": st.one_of(values, st.lists(st.one_of(sides, values), max_size=3))}))
+def test_any_compare_frame_is_parsed_into_two_sides_or_refused_with_the_clients_error(frame):
+    """No frame makes the parser raise anything but InvalidInput (an error frame, never a 500)."""
+    limits_ = django_settings.PLAYGROUND_LIMITS
+    try:
+        parsed = parse_frame(json.dumps(frame), sampling.defaults(limits_), limits_)
+    except InvalidInput as exc:
+        assert str(exc)
+        return
+    assert isinstance(parsed, Compare) and len(parsed.sides) == 2
+    assert all(side.messages == ASK and isinstance(side.params, dict) for side in parsed.sides)
