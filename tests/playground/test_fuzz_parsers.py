@@ -27,7 +27,7 @@ from playground.api.schema import (DEFAULT_ONLY, EXTRA_SAMPLING, PROMPT_FIELDS, 
                                    parse_completion)
 from playground.api.tokenization import parse_detokenize, parse_tokenize
 from playground.asgi import application
-from playground.chat.protocol import Generate, parse_frame
+from playground.chat.protocol import Cancel, Compare, Generate, parse_frame
 from playground.serving.web import sampling
 from playground.serving.web.edge import InvalidInput
 
@@ -62,9 +62,12 @@ def with_junk(objects):
     return st.tuples(objects, st.dictionaries(text, json_values, max_size=2)).map(lambda t: {**t[1], **t[0]})
 
 
+sides = st.lists(st.one_of(with_junk(st.fixed_dictionaries(
+    {}, optional={"params": st.one_of(sampling_values, json_values), "model": st.one_of(st.just(MODEL), json_values)})),
+    json_values), max_size=3)  # a compare frame's settings A and B, or anything else
 generate_frames = with_junk(st.fixed_dictionaries(
-    {"type": st.sampled_from(["generate", "cancel", "other"])},
-    optional={"messages": messages, "params": st.one_of(sampling_values, json_values),
+    {"type": st.sampled_from(["generate", "compare", "cancel", "other"])},
+    optional={"messages": messages, "params": st.one_of(sampling_values, json_values), "sides": sides,
               "conversation_id": json_values, "request_id": json_values},
 ))
 # vLLM's fields (schema.py) and the Responses API's (response_api.py).
@@ -108,8 +111,14 @@ valid_bodies = st.one_of(
                                                                  "return_token_strs": st.booleans()}),
     st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 2000), max_size=6)}, optional={"model": st.just(MODEL)}),
 )
-valid_frames = st.fixed_dictionaries({"type": st.just("generate"), "messages": good_messages},
-                                     optional={"params": st.fixed_dictionaries({}, optional=good_sampling)})
+good_settings = st.fixed_dictionaries({}, optional={"params": st.fixed_dictionaries({}, optional=good_sampling),
+                                                    "model": st.just(MODEL)})
+valid_frames = st.one_of(
+    st.fixed_dictionaries({"type": st.just("generate"), "messages": good_messages},
+                          optional={"params": st.fixed_dictionaries({}, optional=good_sampling)}),
+    st.fixed_dictionaries({"type": st.just("compare"), "messages": good_messages,
+                           "sides": st.lists(good_settings, min_size=2, max_size=2)}),
+)
 
 
 def spoiled(valid):
@@ -163,9 +172,12 @@ def test_socket_parser_fuzz(capsys):
             outcomes["refused"] += 1
             return
         outcomes["accepted"] += 1
-        storable(request.messages if isinstance(request, Generate) else request.request_id)
-        if isinstance(request, Generate):
-            storable(request.params)
+        if isinstance(request, Cancel):
+            storable(request.request_id)
+        generations = request.sides if isinstance(request, Compare) else [request] if isinstance(request, Generate) else []
+        for generate in generations:
+            storable(generate.messages)
+            storable(generate.params)
 
     case()
     report(capsys, "websocket frames", outcomes)
