@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quant-decode-tokens", type=int, metavar="N",
                    help="tokens per sequence of the quantization experiment's batch-1 and batch-64 decode runs "
                         f"(default {quantization.DECODE_TOKENS}, quick 8)")
+    p.add_argument("--quant-variants", default=",".join(quantization.VARIANTS), metavar="NAMES",
+                   help=f"the quantization experiment's formats, a subset of {', '.join(quantization.VARIANTS)} "
+                        "(fp32, the reference, always runs)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="precision of ours and the HF engines (llama.cpp runs its GGUF's own weights)")
     p.add_argument("--report", type=Path, metavar="JSON",
@@ -91,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.engine_list = _choices(p, "engine", args.engines, ENGINES)
     args.experiment_list = _choices(p, "experiment", args.experiments, EXPERIMENTS)
+    args.quant_variant_list = _choices(p, "quantization variant", args.quant_variants, tuple(quantization.VARIANTS))
     if args.arrival == "poisson" and (args.rate is None or args.rate <= 0):
         p.error("--arrival poisson needs a positive --rate")
     if args.vllm_rounds < 1:
@@ -244,7 +248,7 @@ def run_experiments(args: argparse.Namespace, mode: Mode, config: RunConfig, tok
         with stages.time("quantization"):
             decode_tokens = args.quant_decode_tokens or (8 if mode is QUICK else quantization.DECODE_TOKENS)
             # The smoke run checks the column's plumbing on two formats.
-            names = ("fp32", "int4") if mode is QUICK else tuple(quantization.VARIANTS)
+            names = ("fp32", "int4") if mode is QUICK else tuple(args.quant_variant_list)
             out["quantization"] = quantization.measure(chat, config, names, decode_tokens, progress)
     if "roofline" in todo:
         with stages.time("roofline"):
