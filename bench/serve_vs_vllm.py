@@ -177,6 +177,47 @@ def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, 
     return {key: value for key, value in result.items() if not isinstance(value, list)}  # drop per-request lists
 
 
+# Server-side histograms both servers export under vLLM's names: where a request's first-token time went.
+SERVER_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
+                     "prefill": "vllm:request_prefill_time_seconds"}
+
+
+def server_histograms(port: int) -> dict[str, tuple[float, float]]:
+    """{name: (sum of seconds, count)} of SERVER_HISTOGRAMS on the server's /metrics, over all label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    totals = {name: [0.0, 0.0] for name in SERVER_HISTOGRAMS}
+    wanted = {metric: name for name, metric in SERVER_HISTOGRAMS.items()}
+    for family in text_string_to_metric_families(text):
+        name = wanted.get(family.name)
+        for sample in family.samples if name else ():
+            if sample.name.endswith("_sum"):
+                totals[name][0] += sample.value
+            elif sample.name.endswith("_count"):
+                totals[name][1] += sample.value
+    return {name: (total, count) for name, (total, count) in totals.items()}
+
+
+def server_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each histogram's mean over one run (the difference of two scrapes), in ms: the server's own view of
+    time to first token, beside the client's (the gap is the path from the client to the engine and back)."""
+    means = {}
+    for name, (total, count) in after.items():
+        runs = count - before[name][1]
+        if runs > 0:
+            means[f"server_mean_{name}_ms"] = 1000 * (total - before[name][0]) / runs
+    return means
+
+
+def measured(backend: str, args: argparse.Namespace, model: Path, log: Path) -> dict[str, Any]:
+    """One run's client result with the server's own means beside it."""
+    before = server_histograms(args.port)
+    result = bench_serve(backend, args, model, log)
+    return {**result, **server_means_ms(before, server_histograms(args.port))}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so `server`'s cleanup stops the running server's whole group: a vLLM engine
@@ -198,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         for side in order:
             with server(side, args, model, log):
                 bench_serve(args.backend_list[0], args, model, log, num_prompts=args.concurrency)  # warm-up
-                this_round[side] = {backend: bench_serve(backend, args, model, log) for backend in args.backend_list}
+                this_round[side] = {backend: measured(backend, args, model, log) for backend in args.backend_list}
             for backend, result in this_round[side].items():
                 print(f"[serve_vs_vllm] round {number + 1} {side} {backend}: {result['output_throughput']:.1f} "
-                      f"tok/s, median TTFT {result['median_ttft_ms']:.0f} ms, failed {result.get('failed', 0)}",
-                      file=sys.stderr, flush=True)
+                      f"tok/s, median TTFT {result['median_ttft_ms']:.0f} ms (mean {result['mean_ttft_ms']:.0f}; "
+                      f"server's mean {result.get('server_mean_ttft_ms', float('nan')):.0f}), "
+                      f"failed {result.get('failed', 0)}", file=sys.stderr, flush=True)
         record["rounds"].append(this_round)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     return 0

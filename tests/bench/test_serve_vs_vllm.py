@@ -39,3 +39,44 @@ def test_both_servers_get_the_same_limits(tmp_path):
 def test_unknown_backends_are_refused(tmp_path):
     with pytest.raises(SystemExit):
         serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), "--backends", "tgi"])
+
+
+def test_the_servers_own_means_come_from_two_scrapes_of_its_histograms(monkeypatch):
+    """vLLM's server and ours both export vLLM's TTFT, queue and prefill histograms; a run's mean is the
+    difference of the sums over the difference of the counts, all label sets (workers) together."""
+    import http.server
+    import threading
+
+    ttft = "# TYPE vllm:time_to_first_token_seconds histogram\n"
+    queue = "# TYPE vllm:request_queue_time_seconds histogram\n"
+    scrapes = iter([
+        ttft + 'vllm:time_to_first_token_seconds_sum{worker="a"} 1.0\n'
+        'vllm:time_to_first_token_seconds_count{worker="a"} 2\n'
+        'vllm:time_to_first_token_seconds_sum{worker="b"} 0.5\nvllm:time_to_first_token_seconds_count{worker="b"} 1\n',
+        ttft + 'vllm:time_to_first_token_seconds_sum{worker="a"} 4.0\n'
+        'vllm:time_to_first_token_seconds_count{worker="a"} 4\n'
+        'vllm:time_to_first_token_seconds_sum{worker="b"} 2.5\nvllm:time_to_first_token_seconds_count{worker="b"} 3\n'
+        + queue + 'vllm:request_queue_time_seconds_sum 0.25\nvllm:request_queue_time_seconds_count 1\n',
+    ])
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(scrapes).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        before, after = serve_vs_vllm.server_histograms(port), serve_vs_vllm.server_histograms(port)
+    finally:
+        server.shutdown()
+    assert before["ttft"] == (1.5, 3) and after["ttft"] == (6.5, 7)
+    # (6.5 - 1.5) s over 4 requests; the queue histogram appeared only in the second scrape (before: none).
+    assert serve_vs_vllm.server_means_ms(before, after) == {"server_mean_ttft_ms": 1250.0,
+                                                             "server_mean_queue_ms": 250.0}
