@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from inference.architectures import Architecture, architecture
+from inference.architectures import Architecture, architecture, layer_windows
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
 from inference.parallel.group import Group
 from inference.parallel.layers import VocabParallelEmbedding, WeightShards
@@ -48,6 +48,9 @@ class ModelConfig:
     # (inference/rope.py: `rope_type`, `rope_theta` and the type's own keys).
     architecture: Architecture = field(default_factory=Architecture)
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    # Each layer's sliding window in tokens, None for full attention (`architectures.layer_windows`); empty:
+    # every layer full.
+    windows: list[int | None] = field(default_factory=list)
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
@@ -72,6 +75,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             architecture=arch,
             rope=rope_parameters(cfg, where),
+            windows=layer_windows(cfg, arch, where),
         )
 
 
@@ -126,10 +130,12 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce)."""
+    """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce). With a `window`, each token
+    attends to the last `window` positions up to its own (kernels/reference.py), else to all of them."""
 
-    def __init__(self, cfg: ModelConfig, group: Group) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None) -> None:
         super().__init__()
+        self.window = window
         self.num_heads, self.num_kv_heads = cfg.num_heads // group.size, cfg.num_kv_heads // group.size
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * cfg.head_dim
@@ -162,11 +168,12 @@ class Attention(nn.Module):
         ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode:
             out = ops.paged_attention_decode(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale, window=self.window
             )
         else:
             out = ops.paged_attention_prefill(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
+                window=self.window,
             )
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -185,10 +192,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, group: Group) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, group)
+        self.self_attn = Attention(cfg, group, window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, group)
 
@@ -201,7 +208,10 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.group = group = group or Group.single()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, group) for _ in range(cfg.num_layers))
+        windows = cfg.windows or [None] * cfg.num_layers
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group, window) for window in windows)
+        # `ops.decoder_layers`' windows: per layer (0 for full attention), or none where every layer is full.
+        self.stack_windows = [window or 0 for window in windows] if any(windows) else []
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
@@ -226,7 +236,7 @@ class LlamaForCausalLM(nn.Module):
         if stack is not None:
             return ops.decoder_layers(h, stack, kv_caches, *rope, meta.slot_mapping, meta.block_tables,
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
-                                      self.layers[0].self_attn.scale, self.norm.eps, rows)
+                                      self.layers[0].self_attn.scale, self.norm.eps, rows, self.stack_windows)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
             h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)

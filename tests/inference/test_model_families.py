@@ -1,13 +1,14 @@
 """Each model family's greedy output equals HF transformers' token for token (float32): a seeded random tiny
 model built from the family's own transformers config, on the C++ CPU backend and the torch reference, with
 prefix caching on (the prompts run twice, the second time from cached blocks) and chunked prefill, and with
-prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, so
-prompt plus output cross it.
+prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, and
+sliding windows are 17 to 24 tokens, so prompt plus output cross them.
 """
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import kernels.cpu_kernels
 from inference import LLM, SamplingParams
@@ -27,6 +28,13 @@ FAMILIES = {
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=True)),
     "qwen3-yarn": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=False, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 64})),
+    # Sliding windows: Mistral v0.1 on every layer (the one-call C++ stack); Qwen2 from max_window_layers on,
+    # and alternating by layer_types as Gemma does (the per-op path: q/k/v biases).
+    "mistral-window": (MistralForCausalLM, MistralConfig(**FAMILY_SHAPE, sliding_window=20)),
+    "qwen2-window": (Qwen2ForCausalLM, Qwen2Config(**FAMILY_SHAPE, use_sliding_window=True, sliding_window=24,
+                                                   max_window_layers=1)),
+    "qwen2-layer-types": (Qwen2ForCausalLM, Qwen2Config(**FAMILY_SHAPE, use_sliding_window=True, sliding_window=17,
+                                                        layer_types=["sliding_attention", "full_attention"])),
 }
 
 
