@@ -72,3 +72,19 @@ def test_family_greedy_equals_hf(family, backend):
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == want
     assert tight.metrics()["num_preemptions_total"] > 0
     assert_idle(tight)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types"], indirect=True)
+def test_windowed_family_on_triton_equals_hf(family):
+    """The windowed Triton kernels in the engine (interpreted on the CPU): chunked prefill, then the same prompts
+    again from the prefix cache."""
+    pytest.importorskip("triton")
+    folder, prompts, want = family
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="triton", num_kv_blocks=128,
+              max_model_len=256, max_num_batched_tokens=32, max_num_seqs=4)
+    assert llm.llm_engine.runner.ops.__name__ == "kernels.triton_kernels"
+    for _ in range(2):
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
+    assert llm.metrics()["prefix_cache_hits_total"] > 0
+    assert_idle(llm)
