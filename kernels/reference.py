@@ -100,8 +100,9 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
 
     Sequence s owns query rows ``query_start_loc[s]:query_start_loc[s+1]``; ``context_lens[s]`` counts all its
     cached tokens including these new ones, so new token i sits at position ``context_lens[s] - q_len + i``
-    and attends to positions ``0..that position`` (with a ``window``, the last ``window`` of them). Sequences with one new token take the decode path, so a
-    mixed decode + prefill batch is not padded to its longest prompt. Writes into ``out`` when given.
+    and attends to positions ``0..that position`` (with a ``window``, the last ``window`` of them). Sequences
+    with one new token take the decode path, so a mixed decode + prefill batch is not padded to its longest
+    prompt. Writes into ``out`` when given.
     """
     num_seqs = block_tables.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
@@ -169,14 +170,13 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     key_positions = logical[:, None] * block_size + torch.arange(block_size, device=device)
     past_context = key_positions >= ctx[seq, None]
     values[past_context.nonzero(as_tuple=True)] = 0  # the last block's tail may hold anything, even NaN
-    if window is not None:
-        past_context |= key_positions < ctx[seq, None] - window
+    unseen = past_context if window is None else past_context | (key_positions < ctx[seq, None] - window)
 
     eye = torch.eye(kv_heads, dtype=compute, device=device)
     grouped = query.to(compute).view(num_seqs, kv_heads, -1, head_dim) * scale
     block_diagonal = torch.einsum("skgd,kj->skgjd", grouped, eye).reshape(num_seqs, num_heads, -1)
     scores = torch.bmm(block_diagonal[seq], keys.transpose(1, 2))                       # [pairs, heads, block]
-    scores.masked_fill_(past_context[:, None], float("-inf"))
+    scores.masked_fill_(unseen[:, None], float("-inf"))
     seq_max = torch.full((num_seqs, num_heads), float("-inf"), dtype=compute, device=device)
     seq_max.scatter_reduce_(0, seq[:, None].expand(-1, num_heads), scores.amax(-1), "amax")
     weights = torch.exp(scores - seq_max[seq][..., None])

@@ -63,6 +63,7 @@ def qwen2(**change) -> dict:
     (qwen2(sliding_window=64, use_sliding_window=True, layer_types=["sliding_attention", "full_attention"]),
      [64, None]),
     (qwen2(sliding_window=64, layer_types=["sliding_attention", "full_attention"]), [None, None]),
+    (Qwen3Config(**SHAPE, use_sliding_window=True, sliding_window=64, max_window_layers=1).to_dict(), [None, 64]),
 ])
 def test_each_layers_window_is_read_as_hf_reads_it(tmp_path, config, windows):
     assert load(tmp_path, config).windows == windows
