@@ -18,6 +18,19 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts MLP (inference/moe.py) in place of the dense one, and where its weights live."""
+
+    block: str  # the checkpoint's module holding the router (`<block>.gate`) and `<block>.experts.<e>.`
+    expert_weights: tuple[str, str, str]  # each expert's gate, up and down projections, as the checkpoint names them
+    intermediate_field: str  # the config field giving each expert's intermediate size
+    normalize: str  # renormalise the top-k router weights "always" (Mixtral), "never" (DeepSeek-V2), or as
+    #                 the named config field says (Qwen3-MoE: "norm_topk_prob")
+    router_float32: bool = False  # the router's logits in float32 whatever the activations (DeepSeek)
+    shared_experts: str | None = None  # the module of a dense MLP beside the experts (DeepSeek: "shared_experts")
+
+
+@dataclass(frozen=True)
 class Architecture:
     """One family's departures from the Llama block; all unset is the Llama block itself."""
 
@@ -31,6 +44,8 @@ class Architecture:
     window_switch: str | None = None
     reads_layer_types: bool = False
     window_from_layer: str | None = None
+    moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral, DeepSeek-V2)
+    mla: bool = False  # multi-head latent attention (inference/mla.py; DeepSeek-V2)
 
 
 QWEN_WINDOW = dict(window=True, window_switch="use_sliding_window", reads_layer_types=True,
@@ -41,6 +56,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral": Architecture(window=True),
     "qwen2": Architecture(qkv_bias=True, **QWEN_WINDOW),
     "qwen3": Architecture(qk_norm=True, **QWEN_WINDOW),
+    # HF's Qwen3-MoE and Mixtral window every layer (Qwen3-MoE's under use_sliding_window; neither reads
+    # max_window_layers or layer_types).
+    "qwen3_moe": Architecture(qk_norm=True, window=True, window_switch="use_sliding_window",
+                              moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size",
+                                      normalize="norm_topk_prob")),
+    "mixtral": Architecture(window=True, moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
+                                                 normalize="always")),
+    "deepseek_v2": Architecture(mla=True, moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"),
+                                                  "moe_intermediate_size", normalize="never", router_float32=True,
+                                                  shared_experts="shared_experts")),
 }
 
 # Read by `ModelConfig.from_folder` (inference/model.py), inference/rope.py and inference.quantization.
@@ -49,6 +74,13 @@ READ_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_parameters", "rope_scaling",
     "partial_rotary_factor", "max_position_embeddings", "tie_word_embeddings", "attention_bias", "eos_token_id",
     "quantization_config",
+    # Mixture of experts (inference/moe.py MoEConfig): older configs say num_experts, transformers 5
+    # num_local_experts, DeepSeek n_routed_experts.
+    "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers", "n_routed_experts", "n_shared_experts", "routed_scaling_factor",
+    "topk_method", "n_group", "topk_group", "first_k_dense_replace",
+    # Multi-head latent attention (inference/mla.py LatentKV).
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "qk_head_dim",
 })
 
 # Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
@@ -67,10 +99,21 @@ HARMLESS_FIELDS = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
     "begin_suppress_tokens",
+    # Training-only settings of a mixture of experts (the load-balancing loss, router noise).
+    "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
 })
 
 # field -> the value the engine implements (a field absent from the file is taken to hold it).
 IMPLEMENTED_VALUES: dict[str, Any] = {"hidden_act": "silu", "mlp_bias": False, "use_mrope": False}
+
+# A mixture of experts' own fields, refused in a family without one (they would be silently ignored).
+MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "n_routed_experts",
+                        "n_shared_experts", "routed_scaling_factor", "topk_method", "n_group", "topk_group",
+                        "first_k_dense_replace"})
+# Latent attention's fields, refused in a family without it.
+MLA_FIELDS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "qk_head_dim"})
 
 # Read by `layer_windows`.
 WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
@@ -87,6 +130,11 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
     for field, value in IMPLEMENTED_VALUES.items():
         if config.get(field, value) != value:
             raise ValueError(f"{where}: {field}={config[field]!r} is not implemented (only {value!r})")
+    for fields, present, what in ((MOE_FIELDS, arch.moe, "a mixture of experts"), (MLA_FIELDS, arch.mla,
+                                                                                   "latent attention")):
+        if not present and fields & set(config):
+            raise ValueError(f"{where}: {', '.join(sorted(fields & set(config)))}: {what} is not part of a "
+                             f"{model_type!r} model")
     windows = frozenset()
     if arch.window:
         layer_windows(config, arch, where)  # refuses a window setting it cannot state

@@ -39,7 +39,9 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
-    max_model_len: int = 2048
+    # None: the longest context the model and the KV pool both allow (the model's max_position_embeddings,
+    # capped at the pool's tokens); a number is checked against both.
+    max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
@@ -66,7 +68,7 @@ class EngineArgs:
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_model_len < 2:
+        if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.event_log_capacity < 0:
             raise ValueError(f"event_log_capacity must be >= 0, got {self.event_log_capacity}")
@@ -102,13 +104,24 @@ class EngineArgs:
             raise ValueError("device='cuda' was asked for but torch sees no CUDA device")
         return device
 
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """bfloat16 on CUDA; float32 on CPU, the oracle mode that equals HF transformers token for token.
+    def resolve_dtype(self, device: torch.device, quantized: bool = False) -> torch.dtype:
+        """bfloat16 on CUDA; float32 on CPU, the oracle mode that equals HF transformers token for token;
+        bfloat16 for quantized weights on a CPU with bfloat16 arithmetic (AVX-512 BF16, AMX).
 
-        `dtype="bfloat16"` is faster on CPUs with AVX-512 BF16; it is not the CPU default yet because the
-        served stack's tests compare greedy texts across batch compositions, which bfloat16 does not keep
-        (see BENCHMARKS.md, "Engine speed vs vLLM CPU").
+        Quantized weights run fast only with bfloat16 activations on the CPU (the tiled AMX kernels, torch's
+        int4 kernel); float32 activations take the de-quantise-then-matmul oracle path, which ran GGUF SmolLM2
+        at 4.2 tok/s against 63 in bfloat16 (issue 39). A quantized model is never the oracle anyway.
+        `dtype="bfloat16"` is faster for float weights too; it is not their CPU default because the served
+        stack's tests compare greedy texts across batch compositions, which bfloat16 does not keep (see
+        BENCHMARKS.md, "Engine speed vs vLLM CPU").
         """
         if self.dtype != "auto":
             return DTYPES[self.dtype]
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (quantized and cpu_has_bfloat16()):
+            return torch.bfloat16
+        return torch.float32
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (oneDNN's test: AVX-512 BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -56,12 +56,7 @@ class LLMEngine:
     def _start(self, args: EngineArgs) -> None:
         """Everything but the weights and the KV pool: the block manager, the scheduler and their helpers."""
         self.block_size = args.block_size
-        self.max_model_len = args.max_model_len
-        if self.runner.num_blocks * args.block_size < args.max_model_len:
-            raise ValueError(
-                f"the KV pool holds {self.runner.num_blocks} blocks x {args.block_size} tokens, less than one "
-                f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
-            )
+        self.max_model_len = self._resolve_max_model_len(args)
         self.events = EventLog(args.event_log_capacity)
         self.block_manager = BlockManager(self.runner.num_blocks, args.block_size, args.enable_prefix_caching,
                                           self.events)
@@ -70,11 +65,25 @@ class LLMEngine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self._decode_hypothesis = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.structured = StructuredOutputManager(self.tokenizer, self.runner.cfg.vocab_size)
-        self.processor = InputProcessor(self.tokenizer, self.runner.cfg.vocab_size, args, self.runner.lora,
-                                        self.structured)
+        self.processor = InputProcessor(self.tokenizer, self.runner.cfg.vocab_size, args, self.max_model_len,
+                                        self.runner.lora, self.structured)
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+
+    def _resolve_max_model_len(self, args: EngineArgs) -> int:
+        """The longest sequence (prompt + output) this engine serves: `args.max_model_len`, or when unset what
+        both the model (`max_position_embeddings`) and the KV pool allow, as vLLM derives it from the model.
+        A set value the pool cannot hold in one sequence is refused: such a request could never finish."""
+        pool_tokens = self.runner.num_blocks * args.block_size
+        if args.max_model_len is None:
+            return min(self.runner.cfg.max_position_embeddings, pool_tokens)
+        if pool_tokens < args.max_model_len:
+            raise ValueError(
+                f"the KV pool holds {self.runner.num_blocks} blocks x {args.block_size} tokens, less than one "
+                f"sequence of max_model_len={args.max_model_len}; raise the KV budget or lower max_model_len"
+            )
+        return args.max_model_len
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -330,6 +339,7 @@ class LLMEngine:
             "prefix_cache_hit_rate": hits / queries if queries else 0.0,
             "weight_bytes": self.runner.weight_bytes,
             "kv_pool_bytes": self.runner.kv_pool_bytes,
+            "kv_bytes_per_token": self.runner.kv_bytes_per_token,
             "tensor_parallel_size": self.runner.group.size,
             "weight_bytes_per_rank": self.runner.weight_bytes_per_rank,
             "kv_pool_bytes_per_rank": self.runner.kv_pool_bytes_per_rank,

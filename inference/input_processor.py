@@ -23,11 +23,11 @@ from inference.structured_outputs import StructuredOutputManager
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, args: EngineArgs,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, args: EngineArgs, max_model_len: int,
                  lora: LoRAManager | None, structured: StructuredOutputManager) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.max_model_len = args.max_model_len
+        self.max_model_len = max_model_len  # the engine's, resolved from the model and the pool
         self.max_num_seqs = args.max_num_seqs
         self.lora = lora
         self.structured = structured

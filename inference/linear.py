@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.config import cpu_has_bfloat16
+
 if TYPE_CHECKING:
     from inference.parallel.group import Group
 
@@ -90,7 +92,7 @@ class PackedFloatWeight(LinearWeight):
         self.out_features, self.in_features = weight.out_features, weight.in_features
         self.dtype = weight.value.dtype  # the activations'
         if widen is None:
-            widen = self.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            widen = self.dtype == torch.bfloat16 and not cpu_has_bfloat16()
         value = weight.value.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(value.float() if widen else value, None)
 

@@ -21,6 +21,8 @@ from torch import nn
 
 from inference.architectures import Architecture, architecture, layer_windows
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
+from inference.mla import LatentAttention, LatentKV, deinterleave_rope_rows
+from inference.moe import MoEConfig, SparseMoE
 from inference.parallel.group import Group
 from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
@@ -51,6 +53,23 @@ class ModelConfig:
     # Each layer's sliding window in tokens, None for full attention (`architectures.layer_windows`); empty:
     # every layer full.
     windows: list[int | None] = field(default_factory=list)
+    moe: MoEConfig | None = None  # a mixture of experts (`architecture.moe`, inference/moe.py)
+    # Latent attention (`architecture.mla`, inference/mla.py); then the cache holds one "KV head" per token
+    # whose `head_dim` is the latent plus the RoPE key, and RoPE rotates `rope_dim` dimensions.
+    mla: LatentKV | None = None
+
+    def window(self, layer: int) -> int | None:
+        """`layer`'s sliding window, or None for full attention."""
+        return self.windows[layer] if self.windows else None
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts."""
+        return self.moe is not None and layer not in self.moe.dense_layers
+
+    @property
+    def rope_dim(self) -> int:
+        """Dimensions of a query or key head that RoPE rotates."""
+        return self.head_dim if self.mla is None else self.mla.qk_rope_head_dim
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
@@ -60,21 +79,25 @@ class ModelConfig:
         arch = architecture(cfg, where)
         eos = cfg.get("eos_token_id")
         heads = cfg["num_attention_heads"]
+        rope = rope_parameters(cfg, where)
+        mla = LatentKV.from_config(cfg, rope) if arch.mla else None
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            num_kv_heads=1 if mla else cfg.get("num_key_value_heads", heads),
+            head_dim=mla.entry_dim if mla else cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", False) or arch.qkv_bias,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             architecture=arch,
-            rope=rope_parameters(cfg, where),
+            rope=rope,
+            moe=MoEConfig.from_config(cfg, arch.moe, where) if arch.moe else None,
+            mla=mla,
             windows=layer_windows(cfg, arch, where),
         )
 
@@ -181,9 +204,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """This rank's intermediate rows: gate/up column-parallel, down row-parallel (one all-reduce)."""
 
-    def __init__(self, cfg: ModelConfig, group: Group) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, intermediate_size: int | None = None) -> None:
         super().__init__()
-        intermediate = cfg.intermediate_size // group.size
+        intermediate = (intermediate_size or cfg.intermediate_size) // group.size
         self.gate_up_proj = Linear(cfg.hidden_size, [intermediate, intermediate])
         self.down_proj = Linear(intermediate, cfg.hidden_size, reduce_group=group)
 
@@ -192,12 +215,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, group, window)
+        self.self_attn = LatentAttention(cfg, RMSNorm) if cfg.mla else Attention(cfg, group, cfg.window(index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, group)
+        if cfg.is_sparse(index):
+            shared = cfg.moe.shared_intermediate_size
+            self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, MLP(cfg, group, shared) if shared else None)
+        else:
+            self.mlp = MLP(cfg, group)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -208,12 +235,11 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.group = group = group or Group.single()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
-        windows = cfg.windows or [None] * cfg.num_layers
-        self.layers = nn.ModuleList(DecoderLayer(cfg, group, window) for window in windows)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, group, i) for i in range(cfg.num_layers))
         # `ops.decoder_layers`' windows: per layer (0 for full attention), or none where every layer is full.
-        self.stack_windows = [window or 0 for window in windows] if any(windows) else []
+        self.stack_windows = [cfg.window(i) or 0 for i in range(cfg.num_layers)] if any(cfg.windows) else []
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+        self.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
 
     @torch.inference_mode()
@@ -246,9 +272,10 @@ class LlamaForCausalLM(nn.Module):
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
         six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
         the layers must run here: a backend without it, a family that departs from the Llama block
-        (q/k norm), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a quantized
-        one). The list is made once; LoRA, installed after loading, is checked every step."""
-        if not hasattr(ops, "decoder_layers") or self.cfg.architecture.qk_norm:
+        (q/k norm, experts, latent attention), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a
+        quantized one). The list is made once; LoRA, installed after loading, is checked every step."""
+        arch = self.cfg.architecture
+        if not hasattr(ops, "decoder_layers") or arch.qk_norm or arch.moe or arch.mla:
             return None
         if not hasattr(self, "_stack"):
             linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
@@ -289,7 +316,7 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
-    model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+    model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                            WeightShards(cfg, group))
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
@@ -317,6 +344,43 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
             raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
         module.weight.data.copy_(value)
 
+    def load_experts(module: SparseMoE, block: str) -> None:
+        if quant is not None:
+            raise ValueError(f"{source}: quantization={quant.method!r} of a mixture of experts is not implemented "
+                             "(its experts load as float weights only)")
+        spec = cfg.architecture.moe
+        experts = [tuple(take(f"{block}experts.{e}.{name}.weight") for name in spec.expert_weights)
+                   for e in range(cfg.moe.num_experts)]
+        try:
+            module.load(take(block + "gate.weight"), experts, dtype, device)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {block.rstrip('.')}: {exc}") from None
+        if module.shared is not None:
+            shared = f"{block}{spec.shared_experts}."
+            linear(module.shared.gate_up_proj, shared + "gate_up_proj", shared + "gate_proj.weight",
+                   shared + "up_proj.weight")
+            linear(module.shared.down_proj, shared + "down_proj", shared + "down_proj.weight")
+
+    def load_latent_attention(module: LatentAttention, attn: str) -> None:
+        """DeepSeek's names; the RoPE rows of the query and latent projections reordered for our kernels."""
+        if quant is not None:
+            raise ValueError(f"{source}: quantization={quant.method!r} of latent attention is not implemented")
+        mla = cfg.mla
+
+        def rope_rows(name: str, group: int) -> LinearWeight:
+            value = deinterleave_rope_rows(take(attn + name + ".weight"), group, mla.qk_rope_head_dim)
+            return linear_weight(None, [value], False, device, dtype)
+
+        query = "q_b_proj" if mla.q_lora_rank else "q_proj"
+        if mla.q_lora_rank:
+            linear(module.q_a_proj, attn + "q_a_proj", attn + "q_a_proj.weight")
+            norm(module.q_a_layernorm, attn + "q_a_layernorm")
+        module.q_proj.load(rope_rows(query, mla.qk_nope_head_dim + mla.qk_rope_head_dim))
+        module.kv_a_proj.load(rope_rows("kv_a_proj_with_mqa", mla.entry_dim))
+        norm(module.kv_a_layernorm, attn + "kv_a_layernorm")
+        module.load_kv_b(take(attn + "kv_b_proj.weight").to(device))
+        linear(module.o_proj, attn + "o_proj", attn + "o_proj.weight")
+
     try:
         model.embed_tokens.load(weight("embed_tokens.weight", embedding=True))
     except ValueError as exc:
@@ -328,16 +392,23 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         linear(model.lm_head, "lm_head", "lm_head.weight")  # untied: a linear layer like the others
     for i, layer in enumerate(model.layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        bias = None
-        if cfg.attention_bias:
-            bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]).to(device)
-        linear(layer.self_attn.qkv_proj, attn + "qkv_proj", *(attn + f"{x}_proj.weight" for x in "qkv"), bias=bias)
-        linear(layer.self_attn.o_proj, attn + "o_proj", attn + "o_proj.weight")
-        linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
-        linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
+        if isinstance(layer.self_attn, LatentAttention):
+            load_latent_attention(layer.self_attn, attn)
+        else:
+            bias = None
+            if cfg.attention_bias:
+                bias = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"]).to(device)
+            linear(layer.self_attn.qkv_proj, attn + "qkv_proj", *(attn + f"{x}_proj.weight" for x in "qkv"),
+                   bias=bias)
+            linear(layer.self_attn.o_proj, attn + "o_proj", attn + "o_proj.weight")
+        if isinstance(layer.mlp, SparseMoE):
+            load_experts(layer.mlp, f"layers.{i}.{cfg.architecture.moe.block}.")
+        else:
+            linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
+            linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
         norm(layer.input_layernorm, f"layers.{i}.input_layernorm")
         norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
-        if layer.self_attn.qk_norm is not None:
+        if getattr(layer.self_attn, "qk_norm", None) is not None:
             for module, x in zip(layer.self_attn.qk_norm, "qk"):
                 norm(module, attn + f"{x}_norm")
     leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]

@@ -34,9 +34,11 @@ from inference.scheduler import ScheduledSeq
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, tensor_parallel_size: int = 1) -> int:
-    """Bytes one physical block takes across all layers, K and V, on one of `tensor_parallel_size` ranks."""
+    """Bytes one physical block takes across all layers, K and V (or one latent entry, with latent attention),
+    on one of `tensor_parallel_size` ranks."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * (cfg.num_kv_heads // tensor_parallel_size) * cfg.head_dim * itemsize
+    tensors = 1 if cfg.mla else 2
+    return tensors * cfg.num_layers * block_size * (cfg.num_kv_heads // tensor_parallel_size) * cfg.head_dim * itemsize
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
@@ -76,13 +78,14 @@ class ModelRunner:
         self.device = args.resolve_device()
         if args.tensor_parallel_size > 1:
             self.device = rank_device(self.device, group.rank if group else 0)
-        self.dtype = args.resolve_dtype(self.device)
         if self.device.type == "cpu":
             keep_freed_activations()
         self.block_size = args.block_size
         if weights_of is None:
             self.quantization = resolve_quantization(
                 args.quantization, folder, find_gguf(args.model, folder), self.device, args.quantization_group_size)
+        self.dtype = args.resolve_dtype(self.device, quantized=(weights_of or self).quantization is not None)
+        if weights_of is None:
             if group is None and args.tensor_parallel_size > 1:
                 check_tensor_parallel(args, ModelConfig.from_folder(folder), self.device, self.quantization)
                 self.ranks = Ranks(args, folder, self.device, type(self))
@@ -105,7 +108,7 @@ class ModelRunner:
             self.quantization, self.model = weights_of.quantization, weights_of.model
         self.weight_bytes_per_rank = resident_bytes(self.model)
         self.cfg = self.model.cfg
-        if args.max_model_len > self.cfg.max_position_embeddings:
+        if args.max_model_len is not None and args.max_model_len > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"max_model_len {args.max_model_len} exceeds the model's "
                 f"max_position_embeddings {self.cfg.max_position_embeddings}"
@@ -113,17 +116,29 @@ class ModelRunner:
         self.ops = kernels.get_backend(args.attention_backend, self.device)
         self.num_blocks = self.group.min(self._num_blocks(args))  # each rank's memory allows; all use the least
         shape = (self.num_blocks, self.block_size, self.cfg.num_kv_heads // self.group.size, self.cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(self.cfg.num_layers)
-        ]
+        # A layer's (key cache, value cache); with latent attention one tensor serves as both (inference/mla.py).
+        self.kv_caches = []
+        for _ in range(self.cfg.num_layers):
+            key = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.kv_caches.append((key, key if self.cfg.mla else torch.zeros_like(key)))
+        if args.enable_lora and self.cfg.moe is not None:
+            raise ValueError("enable_lora does not support a mixture of experts yet (adapters on the experts are "
+                             "not implemented; the attention's alone would be a different model than PEFT's)")
+        if args.enable_lora and self.cfg.mla is not None:
+            raise ValueError("enable_lora does not support latent attention yet (its projections are not LoRA "
+                             "targets here)")
         self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
                                  self.dtype) if args.enable_lora else None)
         self.kv_pool_bytes_per_rank = self.num_blocks * self._block_bytes
         # Every rank's shard has rank 0's shapes (inference/parallel/layers.py), so totals are N times these.
         self.weight_bytes = self.weight_bytes_per_rank * self.group.size
         self.kv_pool_bytes = self.kv_pool_bytes_per_rank * self.group.size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Cache bytes one token takes across all layers and ranks: 2 x layers x KV heads x head_dim x itemsize
+        for a key and a value per KV head, layers x (latent + RoPE key) x itemsize with latent attention."""
+        return kv_block_bytes(self.cfg, 1, self.dtype)
 
     @property
     def _block_bytes(self) -> int:

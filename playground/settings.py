@@ -203,7 +203,8 @@ PLAYGROUND_ENGINE = {
     "model": os.environ.get("PLAYGROUND_MODEL", "smollm2-135m-instruct"),
     "device": os.environ.get("ENGINE_DEVICE", "auto"),
     "dtype": os.environ.get("ENGINE_DTYPE", "auto"),
-    "max_model_len": env_int("ENGINE_MAX_MODEL_LEN", 2048, minimum=16),
+    # Unset: what the model and the KV pool allow (inference.EngineArgs), reported back by each worker.
+    "max_model_len": env_int("ENGINE_MAX_MODEL_LEN", None, minimum=16),
     "max_num_seqs": env_int("ENGINE_MAX_NUM_SEQS", 64, minimum=1),
     "num_kv_blocks": env_int("ENGINE_NUM_KV_BLOCKS", None, minimum=1),
     "enable_prefix_caching": env_bool("ENGINE_PREFIX_CACHING", True),

@@ -1,14 +1,19 @@
 """The tensor-parallel rank processes: started, fed and watched by rank 0, stopped on close or on a fault.
 
 The process that builds the engine is rank 0: it keeps the scheduler, the block manager and the sampler,
-and its `ModelRunner` holds the first shard. `Ranks` starts ranks 1..N-1 (torch.multiprocessing, spawn), one
-per device (on CPU, N processes each with its share of the threads). Each joins the process groups
+and its `ModelRunner` holds the first shard. `Ranks` starts ranks 1..N-1 as fresh interpreters running
+`python -m inference.parallel.rank_process` (`RankProcess`), one per device (on CPU, N processes each with its
+share of the threads). Each joins the process groups
 (`group.py`), loads only its shard, allocates its `kv_heads / N` of every KV block, and loops in
-`_rank_main`: receive the step's batch (one broadcast from rank 0), run the forward, take part in the
+`rank_main`: receive the step's batch (one broadcast from rank 0), run the forward, take part in the
 all-reduces and the logits' gather. A rank runs the same runner class as rank 0 (`runner_class`, handed
-in by rank 0's `ModelRunner`), so this module never imports the model runner that imports it. A process
-started this way re-imports the caller's main module, so a script that builds a tensor-parallel engine
-must do it under `if __name__ == "__main__":` (as with vLLM).
+in by rank 0's `ModelRunner`), so this module never imports the model runner that imports it.
+
+Why not multiprocessing: its spawn re-imports the caller's main module in every child, so a script that
+builds `LLM(..., tensor_parallel_size=N)` at its top level (vLLM's own examples do) would build it again in
+each rank and die; vLLM avoids that by forking, which is unsafe once the parent has used OpenMP (a forked
+child's first multi-threaded op hangs under GNU libgomp). A rank process imports only this package, so any
+script works, with or without `if __name__ == "__main__":`.
 
 Faults. A watchdog thread on rank 0 waits on every rank process; when one exits unasked it records why
 (the rank's own traceback, which the rank leaves in the rendezvous store) and kills the others, which
@@ -23,6 +28,9 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import pickle
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -33,7 +41,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from inference.parallel.group import Group
 from inference.parallel.layers import check_divisible
@@ -74,6 +81,12 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                           quant: QuantizationConfig | None) -> None:
     """Everything that would make N ranks fail, as a ValueError before any process starts."""
     size = args.tensor_parallel_size
+    if cfg.mla is not None:
+        raise ValueError("tensor_parallel_size>1 does not support latent attention yet (its one latent per token "
+                         "is shared by all heads, so a rank's cache cannot hold a share of KV heads)")
+    if cfg.moe is not None:
+        raise ValueError("tensor_parallel_size>1 does not support a mixture of experts yet (its experts would be "
+                         "split or placed per rank: expert parallelism is not implemented)")
     check_divisible(cfg, size)
     if quant is not None and quant.method in ("gguf", "awq", "gptq"):
         raise ValueError(f"tensor_parallel_size>1 does not support quantization={quant.method!r} yet "
@@ -119,15 +132,10 @@ class Ranks:
         self._closed = False
         self._store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=START_TIMEOUT, wait_for_workers=False)
         threads = cpu_threads_per_rank(size) if device.type == "cpu" else 1
-        context = mp.get_context("spawn")
-        self.processes = [
-            context.Process(target=_rank_main, args=(rank, runner_class, args, folder, self._store.port, threads),
-                            name=f"tensor-parallel-rank-{rank}", daemon=True)
-            for rank in range(1, size)
-        ]
+        self.processes: list[RankProcess] = []
         try:
-            for process in self.processes:
-                process.start()
+            for rank in range(1, size):
+                self.processes.append(RankProcess((rank, runner_class, args, folder, self._store.port, threads)))
             self._wait_until_joining()
             self.group = Group.join(self._store, 0, size, device)
         except BaseException as exc:
@@ -186,7 +194,7 @@ class Ranks:
             if self._closed:
                 return
             self._closed = True
-            started = [p for p in self.processes if p.pid is not None]
+            started = list(self.processes)
             if self.failure is None and hasattr(self, "group") and any(p.is_alive() for p in started):
                 try:
                     self.group.broadcast(torch.tensor([STOP, 0], dtype=torch.int64))
@@ -209,7 +217,7 @@ class Ranks:
         """Record the first failure and kill every rank (so no collective of rank 0 waits on them)."""
         if self.failure is None:
             self.failure = message
-        _kill([p for p in self.processes if p.pid is not None])
+        _kill(list(self.processes))
 
     def _death(self, wait_s: float = 0.0) -> str | None:
         """Why the first rank process that has exited did, or None while all run. A dead rank's exit code can
@@ -218,7 +226,7 @@ class Ranks:
         deadline = time.monotonic() + wait_s
         while True:
             for rank, process in enumerate(self.processes, start=1):
-                if process.pid is None or process.exitcode is None:
+                if process.exitcode is None:
                     continue
                 message = f"tensor-parallel rank {rank} (pid {process.pid}) exited with code {process.exitcode}"
                 key = f"error/{rank}"
@@ -230,12 +238,58 @@ class Ranks:
             time.sleep(0.02)
 
 
-def _kill(processes: list) -> None:
+def _kill(processes: list[RankProcess]) -> None:
     for process in processes:
         if process.is_alive():
             process.kill()
     for process in processes:
         process.join(5)
+
+
+class RankProcess:
+    """One rank's interpreter, with the part of `multiprocessing.Process`'s interface `Ranks` uses.
+
+    Its arguments travel pickled on its stdin (`runner_class` by reference); it gets the caller's `sys.path`,
+    so a runner class from the caller's own modules imports there too. `sentinel` is the read end of a pipe
+    only the child holds open: it turns readable when the child exits, for `multiprocessing.connection.wait`.
+    """
+
+    def __init__(self, arguments: tuple) -> None:
+        sentinel, child_end = os.pipe()
+        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+        try:
+            self._popen = subprocess.Popen([sys.executable, "-m", "inference.parallel.rank_process"],
+                                           stdin=subprocess.PIPE, pass_fds=(child_end,),
+                                           env={**os.environ, "PYTHONPATH": path})
+        except BaseException:
+            os.close(sentinel)
+            raise
+        finally:
+            os.close(child_end)
+        self.pid, self.sentinel = self._popen.pid, sentinel
+        weakref.finalize(self, os.close, sentinel)
+        try:
+            self._popen.stdin.write(pickle.dumps(arguments))
+            self._popen.stdin.close()
+        except BrokenPipeError:  # it died at start: its exit code says so (`Ranks._death`)
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs, else its exit status (negative: the signal that ended it)."""
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
@@ -244,7 +298,7 @@ def _close_at_exit(ref: weakref.ref) -> None:
         ranks.close()
 
 
-def _rank_main(rank: int, runner_class: type[RankRunner], args: EngineArgs, folder: Path, port: int,
+def rank_main(rank: int, runner_class: type[RankRunner], args: EngineArgs, folder: Path, port: int,
                threads: int) -> None:
     """A rank process: join the groups, load this rank's shard, run every step rank 0 sends until STOP."""
     size = args.tensor_parallel_size

@@ -44,8 +44,9 @@ def linear_weight(quant: QuantizationConfig | None, parts: list[torch.Tensor | I
 
     Packed int4 parts (GGUF, AWQ, GPTQ) keep their codes. Float parts stay float without a method; "int8"
     and "int4" quantize them ("int4" keeps the embedding / tied lm_head table in int8: it is also a row
-    lookup), and "gguf" re-quantizes the embedding to per-row int8 (SmolLM2 ships it as Q8_0, whose 32-wide
-    blocks no torch kernel takes). The float tensors of an AWQ/GPTQ checkpoint (embedding, lm_head) stay
+    lookup). "gguf" keeps a Q8_0 embedding (SmolLM2's) exactly as the file's blocks for float32 activations, so
+    that path equals HF on the file's de-quantized weights; for 16-bit activations it re-quantizes the table
+    to per-row int8, which the fast kernels take (they take no 32-wide blocks). The float tensors of an AWQ/GPTQ checkpoint (embedding, lm_head) stay
     float, as those tools ship them.
     """
     method = None if quant is None else quant.method
@@ -58,6 +59,9 @@ def linear_weight(quant: QuantizationConfig | None, parts: list[torch.Tensor | I
     if any(isinstance(p, Int4Codes) for p in parts):
         raise ValueError("a fused layer mixes int4 and float parts")
     weight = torch.cat(parts)
+    if embedding and method == "gguf" and dtype == torch.float32:
+        exact = Int8Weight.from_q8_0_values(weight, device)
+        return exact if exact is not None else FloatWeight(weight.to(device))
     if method == "int8" or (embedding and method in ("int4", "gguf")):
         return Int8Weight.quantize(weight, device, dtype)
     if method == "int4":

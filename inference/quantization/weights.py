@@ -29,6 +29,7 @@ from inference.linear import LinearWeight
 from kernels import int4_reference, tiled_weights
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's CPU int4 kernel accepts
+Q8_0_BLOCK = 32  # inputs per scale in GGUF's Q8_0
 
 
 @dataclass
@@ -161,15 +162,19 @@ class Int4Weight(LinearWeight):
 
 
 class Int8Weight(LinearWeight):
-    """Symmetric int8 per output row: `w[n, k] = codes[n, k] * scales[n]`; the codes tiled for "tiled"."""
+    """Symmetric int8: `w[n, k] = codes[n, k] * scales[n]` per output row, the codes tiled for "tiled"; or with
+    `group_size`, a scale per row and group of inputs, `scales[n, k // group_size]` (GGUF's Q8_0 blocks, kept
+    exactly for float32 activations; de-quantise-then-matmul, the oracle path)."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, device: torch.device, dtype: torch.dtype,
+                 group_size: int | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        self.kernel = weight_kernel(device, dtype, self.out_features, self.in_features)
+        self.group_size = group_size
+        self.kernel = "reference" if group_size else weight_kernel(device, dtype, self.out_features, self.in_features)
         codes = codes.to(torch.int8)
         self.register_buffer("codes", (tiled_weights.pack_int8(codes) if self.kernel == "tiled" else codes).to(device))
-        self.register_buffer("scales", scales.to(device, dtype))
+        self.register_buffer("scales", scales.to(device, torch.float32 if group_size else dtype))
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Int8Weight:
@@ -179,7 +184,25 @@ class Int8Weight(LinearWeight):
         codes = (weight / scales.unsqueeze(-1)).round().clamp(-127, 127)
         return cls(codes, scales, device, dtype)
 
+    @classmethod
+    def from_q8_0_values(cls, weight: torch.Tensor, device: torch.device) -> Int8Weight | None:
+        """The Q8_0 blocks whose de-quantized values `weight` holds, recovered exactly, or None where they
+        cannot be. llama.cpp's quantizer gives the largest magnitude of every 32-input block the code ±127, so
+        the block's fp16 scale is that magnitude / 127 (exact: it was 127 × the scale) and each code the value
+        / scale. Checked: the codes times the scales must give back `weight` bit for bit."""
+        rows, cols = weight.shape
+        if cols % Q8_0_BLOCK:
+            return None
+        blocks = weight.float().view(rows, cols // Q8_0_BLOCK, Q8_0_BLOCK)
+        scales = blocks.abs().amax(-1) / 127
+        codes = (blocks / scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)).round()
+        if codes.abs().amax() > 127 or not torch.equal(codes * scales.unsqueeze(-1), blocks):
+            return None
+        return cls(codes.view(rows, cols), scales, device, torch.float32, group_size=Q8_0_BLOCK)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group_size:
+            return F.linear(x, self.dequantize().to(x.dtype))
         if self.kernel == "tiled":
             y = tiled_weights.int8_matmul(x.reshape(-1, self.in_features), self.codes, self.scales)
         elif x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu":
@@ -191,8 +214,17 @@ class Int8Weight(LinearWeight):
 
     def dequantize(self) -> torch.Tensor:
         codes = tiled_weights.unpack_int8(self.codes) if self.kernel == "tiled" else self.codes
-        return codes.float() * self.scales.float().unsqueeze(-1)
+        return self._scaled(codes.float(), self.scales.float())
+
+    def _scaled(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """`codes` rows times their scales (one per row, or one per row and group)."""
+        if not self.group_size:
+            return codes * scales.unsqueeze(-1)
+        rows = codes.shape[0]
+        return (codes.view(rows, -1, self.group_size) * scales.unsqueeze(-1)).view(rows, self.in_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         codes = tiled_weights.int8_rows(self.codes, ids) if self.kernel == "tiled" else self.codes[ids]
+        if self.group_size:
+            return self._scaled(codes.float(), self.scales[ids])
         return codes.to(self.scales.dtype) * self.scales[ids].unsqueeze(-1)

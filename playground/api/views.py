@@ -20,7 +20,7 @@ from playground.accounts import limits, salt
 from playground.serving.shared import registry
 from playground.serving.web import lifecycle, sampling
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, Update
-from playground.serving.web.models import adapter_for, base_model, served_models
+from playground.serving.web.models import adapter_for, aserved_max_model_len, base_model, served_models
 
 from . import response_api
 from .auth import authenticate
@@ -83,10 +83,10 @@ async def models(request: HttpRequest) -> HttpResponse:
         await authenticate(request)
     except ApiError as exc:
         return exc.response()
-    base = base_model()
+    base, max_model_len = base_model(), await aserved_max_model_len()
     # As vLLM lists LoRA adapters: each one a model whose parent (and root) is the base model.
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "paged-playground", "root": base,
-             "parent": None if name == base else base, "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}
+             "parent": None if name == base else base, "max_model_len": max_model_len}
             for name in served_models()]
     return JsonResponse({"object": "list", "data": data})
 

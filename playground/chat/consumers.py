@@ -2,13 +2,15 @@
 
 Thin on purpose: it parses frames (`protocol`), persists turns (`store`) and relays each generation's
 updates; the request's lifecycle — limits, queueing, listening, liveness, release — is
-`serving.web.lifecycle`'s, the same as the API's and the demo's. The socket has no channel-layer channel of
+`serving.web.lifecycle`'s, the same as the API's and the demo's. A compare frame runs two such generations at
+once (settings A and B on one prompt), admitted both or neither and saved nowhere. The socket has no channel-layer channel of
 its own (each request listens on its own), so a channel layer that fails (Redis restarting) fails the
 requests it carried with an error frame and leaves the socket open, instead of closing it with 1011.
 """
 import asyncio
 import logging
 from typing import Any
+from uuid import UUID
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -21,7 +23,7 @@ from playground.serving.web.edge import InvalidInput
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job
 
 from . import store
-from .protocol import CLOSE_LOGIN_REQUIRED, Cancel, Generate, parse_frame
+from .protocol import CLOSE_LOGIN_REQUIRED, Cancel, Compare, Generate, parse_frame
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             request = parse_frame(text_data, sampling.defaults(caps), caps)
             if isinstance(request, Generate):
                 await self.generate(request)
+            elif isinstance(request, Compare):
+                await self.compare(request)
             else:
                 await self.cancel(request)
         except (InvalidInput, store.ConversationNotFound) as exc:
@@ -79,8 +83,31 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await generation.close()
             raise
         # The reply answers the last message sent (the leaf now), wherever the branch shown is by then.
-        task = asyncio.create_task(self.relay(generation, job, conversation.id, conversation.leaf_id))
-        self.running[generation.request_id] = (generation, task)
+        self.start_relay(generation, job, (conversation.id, conversation.leaf_id))
+
+    async def compare(self, request: Compare) -> None:
+        """Admit both sides or neither (a refused B gives A's slot back at once), answer `compare_started` with
+        their ids in order, then stream each in its own task. Nothing is stored: a compare run tries settings on
+        one prompt, and the conversation keeps one line of replies (docs/protocol.md)."""
+        adapters = [models.adapter_for(side.model) for side in request.sides]  # all refusals before any slot
+        user, session_key = self.scope.get("user"), await self.session_key()
+        address = (self.scope.get("client") or ("",))[0]
+        generations: list[Generation] = []
+        try:
+            try:
+                for _ in request.sides:
+                    generations.append(await lifecycle.admit(lambda: limits.admit_user(user, session_key, address)))
+            except limits.LimitExceeded as exc:
+                raise InvalidInput(f"compare streams two replies at once and needs two request slots: {exc}") from exc
+            cache_salt = salt.cache_salt(limits.identity(user, session_key))
+            jobs = [Job(side.params, side.messages, cache_salt=cache_salt, adapter=adapter, fit_window=True)
+                    for side, adapter in zip(request.sides, adapters)]
+            await self.send_json({"type": "compare_started", "request_ids": [g.request_id for g in generations]})
+        except BaseException:
+            await asyncio.gather(*(generation.close() for generation in generations))
+            raise
+        for generation, job in zip(generations, jobs):
+            self.start_relay(generation, job, saving=None)
 
     async def cancel(self, request: Cancel) -> None:
         if request.request_id not in self.running:
@@ -88,8 +115,13 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.running[request.request_id][0].cancel()
 
     # --- one generation ---------------------------------------------------------------------------
-    async def relay(self, generation: Generation, job: Job, conversation_id, parent_id: int) -> None:
-        """Stream one generation to the browser: token frames, then `done` (reply saved) or `error`."""
+    def start_relay(self, generation: Generation, job: Job, saving: tuple[UUID, int] | None) -> None:
+        task = asyncio.create_task(self.relay(generation, job, saving))
+        self.running[generation.request_id] = (generation, task)
+
+    async def relay(self, generation: Generation, job: Job, saving: tuple[UUID, int] | None) -> None:
+        """Stream one generation to the browser: token frames, then `done` or `error`. `saving`: the conversation
+        and the message the reply is saved under; None for a compare side."""
         request_id = generation.request_id
         try:
             async with generation:
@@ -98,7 +130,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     for chunk in update.chunks:
                         await self.send_json({"type": "token", "request_id": request_id, **chunk})
                     if update.done is not None:
-                        await self.finish(request_id, conversation_id, parent_id, update.done)
+                        await self.finish(request_id, update.done, saving)
         except GenerationFailed as exc:
             await self.send_json({"type": "error", "request_id": request_id, "message": str(exc)})
         except Exception:
@@ -107,19 +139,22 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         finally:
             self.running.pop(request_id, None)
 
-    async def finish(self, request_id: str, conversation_id, parent_id: int, event: dict[str, Any]) -> None:
+    async def finish(self, request_id: str, event: dict[str, Any], saving: tuple[UUID, int] | None) -> None:
         done = {key: event[key] for key in ("outputs", "usage", "timing")}
-        saved = None
-        try:
-            saved = await database_sync_to_async(store.save_reply)(conversation_id, request_id, done, event["worker"],
-                                                                   parent_id)
-        except Exception:
-            logger.exception("could not save the reply of %s", request_id)
+        stored = {}
+        if saving is not None:
+            conversation_id, parent_id = saving
+            saved = None
+            try:
+                saved = await database_sync_to_async(store.save_reply)(conversation_id, request_id, done,
+                                                                       event["worker"], parent_id)
+            except Exception:
+                logger.exception("could not save the reply of %s", request_id)
+            stored = {"conversation_id": str(conversation_id), "message_id": saved.id if saved else None}
         # The cache receipt, the prompt's provenance segments and what the window left out are shown live, not
         # stored.
         live = {key: event[key] for key in ("receipt", "prompt_segments", "context") if key in event}
-        await self.send_json({"type": "done", "request_id": request_id, "conversation_id": str(conversation_id),
-                              "message_id": saved.id if saved else None, "worker": event["worker"], **done,
+        await self.send_json({"type": "done", "request_id": request_id, **stored, "worker": event["worker"], **done,
                               **live})
 
     async def session_key(self) -> str:

@@ -25,8 +25,18 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class Compare:
+    """One prompt answered twice at once, under settings A and B (each a `Generate` without a conversation: a
+    compare run is not saved, docs/protocol.md)."""
+    sides: tuple[Generate, Generate]
+
+
+@dataclass(frozen=True)
 class Cancel:
     request_id: str
+
+
+SIDE_NAMES = ("A", "B")
 
 
 def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, str]]:
@@ -56,6 +66,20 @@ def parse_messages(messages: Any, limits: Mapping[str, int]) -> list[dict[str, s
     return clean
 
 
+def parse_settings(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]
+                   ) -> tuple[dict[str, Any], str | None]:
+    """The sampling `params` (with a `response_format`'s constraint) and the `model` of a generate frame or of a
+    compare frame's side: one set of rules for both."""
+    params = validate_sampling(frame.get("params"), defaults, limits)
+    constraint = response_format_constraint(frame.get("response_format"))  # as on the API
+    if constraint is not None:
+        params["structured_outputs"] = constraint
+    model = frame.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise InvalidInput("model must be a model name (string) or absent")
+    return params, model
+
+
 def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate:
     unknown = sorted(set(frame) - {"type", "conversation_id", "messages", "params", "response_format", "model"})
     if unknown:
@@ -69,19 +93,34 @@ def parse_generate(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits
             conversation_id = None
         if conversation_id is None:
             raise InvalidInput("conversation_id must be a UUID string or null")
-    params = validate_sampling(frame.get("params"), defaults, limits)
-    constraint = response_format_constraint(frame.get("response_format"))  # as on the API
-    if constraint is not None:
-        params["structured_outputs"] = constraint
-    model = frame.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise InvalidInput("model must be a model name (string) or absent")
-    return Generate(
-        conversation_id=conversation_id,
-        messages=parse_messages(frame.get("messages"), limits),
-        params=params,
-        model=model,
-    )
+    params, model = parse_settings(frame, defaults, limits)
+    return Generate(conversation_id=conversation_id, messages=parse_messages(frame.get("messages"), limits),
+                    params=params, model=model)
+
+
+def parse_compare(frame: Mapping[str, Any], defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Compare:
+    """A compare frame: one transcript and exactly two sides, each checked as a generate frame's settings are; a
+    side's error is prefixed with its name ("B: params.temperature ...")."""
+    unknown = sorted(set(frame) - {"type", "messages", "sides"})
+    if unknown:
+        raise InvalidInput(f"unknown field(s) in compare: {', '.join(unknown)}")
+    sides = frame.get("sides")
+    if not isinstance(sides, list) or len(sides) != len(SIDE_NAMES):
+        raise InvalidInput("sides must be a list of two objects (settings A and B)")
+    messages = parse_messages(frame.get("messages"), limits)
+    parsed = []
+    for name, side in zip(SIDE_NAMES, sides):
+        try:
+            if not isinstance(side, dict):
+                raise InvalidInput("must be an object with params, and optionally model and response_format")
+            unknown = sorted(set(side) - {"params", "response_format", "model"})
+            if unknown:
+                raise InvalidInput(f"unknown field(s): {', '.join(unknown)}")
+            params, model = parse_settings(side, defaults, limits)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{name}: {exc}") from exc
+        parsed.append(Generate(conversation_id=None, messages=messages, params=params, model=model))
+    return Compare(sides=(parsed[0], parsed[1]))
 
 
 def parse_cancel(frame: Mapping[str, Any]) -> Cancel:
@@ -91,12 +130,15 @@ def parse_cancel(frame: Mapping[str, Any]) -> Cancel:
     return Cancel(request_id=request_id)
 
 
-def parse_frame(text: str | None, defaults: Mapping[str, Any], limits: Mapping[str, int]) -> Generate | Cancel:
-    """One client frame, decoded at the edge and parsed: a Generate or a Cancel; raises InvalidInput."""
+def parse_frame(text: str | None, defaults: Mapping[str, Any], limits: Mapping[str, int]
+                ) -> Generate | Compare | Cancel:
+    """One client frame, decoded at the edge and parsed: a Generate, a Compare or a Cancel; raises InvalidInput."""
     frame = decode_frame(text, limits)
     kind = frame.get("type")
     if kind == "generate":
         return parse_generate(frame, defaults, limits)
+    if kind == "compare":
+        return parse_compare(frame, defaults, limits)
     if kind == "cancel":
         return parse_cancel(frame)
-    raise InvalidInput("type must be 'generate' or 'cancel'")
+    raise InvalidInput("type must be 'generate', 'compare' or 'cancel'")

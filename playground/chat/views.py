@@ -8,6 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from playground.accounts.access import may_use_playground
@@ -61,6 +62,7 @@ def _get_owned(request: HttpRequest, conversation_id) -> Conversation:
 
 @require_GET
 @chat_access
+@ensure_csrf_cookie  # the page's JSON writes send it back; an anonymous visitor's page has no form that would set it
 def index(request: HttpRequest, conversation_id=None) -> HttpResponse:
     active = _get_owned(request, conversation_id) if conversation_id else None
     user = request.user

@@ -8,7 +8,7 @@ out itself.
 """
 from typing import Any
 
-from django.conf import settings
+from playground.serving.web.models import served_max_model_len
 
 # Characters per token of English text under SmolLM2's tokenizer: 3.1 on docs/protocol.md's first 6,000
 # characters, 3.6 on README.md's (code and non-Latin scripts take more tokens). An estimate, so the meter
@@ -20,9 +20,10 @@ TOKENS_PER_MESSAGE = 5
 
 
 def meter_config() -> dict[str, Any]:
-    """The window (the workers' max_model_len, one setting for all) and the estimate's figures."""
+    """The window (the workers' max_model_len; None until a worker has loaded its model, when the page says so)
+    and the estimate's figures."""
     return {
-        "window": settings.PLAYGROUND_ENGINE["max_model_len"],
+        "window": served_max_model_len(),
         "chars_per_token": CHARS_PER_TOKEN,
         "tokens_per_message": TOKENS_PER_MESSAGE,
     }

@@ -34,6 +34,8 @@ GAUGES = [
     ("playground:num_blocks_free", "Physical KV blocks neither used nor cached.", "num_blocks_free"),
     ("playground:weight_bytes", "Resident bytes of the model's weights (smaller when quantized).", "weight_bytes"),
     ("playground:kv_pool_bytes", "Bytes of the KV block pool.", "kv_pool_bytes"),
+    ("playground:kv_bytes_per_token", "KV-cache bytes one token takes across all layers (a latent per token with "
+     "latent attention, a key and a value per KV head otherwise).", "kv_bytes_per_token"),
     ("playground:tensor_parallel_size", "Devices (ranks) the model is split over.", "tensor_parallel_size"),
     ("playground:weight_bytes_per_rank", "Resident bytes of one rank's shard of the weights.", "weight_bytes_per_rank"),
     ("playground:kv_pool_bytes_per_rank", "Bytes of one rank's share of the KV pool (kv_heads / N of each block).",

@@ -68,8 +68,7 @@ class DemoRunner:
 
     def _run_info(self) -> dict[str, Any]:
         run = self.run
-        return {"run_id": run.run_id, "state": run.state, "started_at": run.started_at, **asdict(run.settings),
-                "max_model_len": settings.PLAYGROUND_ENGINE["max_model_len"]}
+        return {"run_id": run.run_id, "state": run.state, "started_at": run.started_at, **asdict(run.settings)}
 
     @property
     def running(self) -> bool:

@@ -3,20 +3,21 @@
  * sampling form, the history list and the KV panel together. The protocol is in docs/protocol.md.
  *
  * One generation runs at a time on this page. Its reply streams into a ReplyView; the `done` frame's full
- * texts replace the streamed ones and become the assistant turn that later requests send back.
+ * texts replace the streamed ones and become the assistant turn that later requests send back. A Compare run
+ * (compare.js: one prompt under settings A and B, not saved) counts as that one.
  */
 
 import { JsonSocket } from "../common/socket.js";
 import { ReplyStream } from "./stream.js";
-import { Transcript, turnTools } from "./transcript.js";
+import { Transcript, finishReply, turnTools } from "./transcript.js";
 import { ParamsForm } from "./params.js";
 import { ConversationApi, ConversationList } from "./conversations.js";
 import { KvPanel } from "./kvpanel.js";
 import { ResponseFormatControl } from "./format.js";
 import { ContextMeter } from "./meter.js";
 import { PresetPicker } from "./presets.js";
-import { offerTokens } from "./tokens.js";
 import { CodeDialog } from "./viewcode.js";
+import { Compare } from "./compare.js";
 import { installShortcuts } from "./shortcuts.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
@@ -58,6 +59,21 @@ const paramsForm = new ParamsForm(els.params, config.sampling ?? []);
 const formatControl = new ResponseFormatControl($("response-format"));
 const meter = new ContextMeter($("context-meter"), config.context);
 showModelPicker(config.models ?? []);
+const compare = new Compare($("compare"), {
+  specs: config.sampling ?? [],
+  models: config.models ?? [],
+  send: (frame) => socket.send(frame),
+  settings: paramsForm,
+  model: els.model,
+  onShow: (open) => {
+    els.app.classList.toggle("comparing", open);
+    els.send.textContent = open ? "Compare" : "Send";
+    $("compare-toggle").setAttribute("aria-pressed", String(open));
+    if (!open) els.prompt.focus();
+  },
+  onBusy: () => setBusy(busy()),
+  onUse: updateMeter,
+});
 const presets = new PresetPicker($("presets"), { url: config.urls?.presets ?? "/api/presets/", paramsForm,
   system: els.system, model: els.model });
 
@@ -112,7 +128,9 @@ const socket = new JsonSocket(config.ws_path ?? "/ws/chat/", {
     els.conn.textContent = { open: "connected", connecting: "connecting", closed: "reconnecting" }[status];
     if (status !== "closed") return;
     abandonedStarts = 0; // the server aborts a closed socket's generations itself
+    compare.abandoned = 0;
     if (state.active) failActive("The connection to the server was lost; the reply stopped.");
+    compare.fail("The connection to the server was lost; the reply stopped.");
   },
 });
 
@@ -123,10 +141,16 @@ function showError(message) {
   els.error.hidden = !message;
 }
 
-function setBusy(busy) {
-  els.send.hidden = busy;
-  els.stop.hidden = !busy;
-  transcript.setRegenerable(!busy);
+/** Something streams: a chat reply or a Compare run. */
+function busy() {
+  return state.active !== null || compare.running;
+}
+
+function setBusy(isBusy) {
+  els.send.hidden = isBusy;
+  els.stop.hidden = !isBusy;
+  els.stop.disabled = false;
+  transcript.setRegenerable(!isBusy);
 }
 
 function updateEmptyState() {
@@ -211,7 +235,11 @@ function startGeneration(params) {
 
 function send() {
   const text = els.prompt.value.trim();
-  if (!text || state.active) return;
+  if (!text || busy()) return;
+  if (compare.isOpen) {
+    runCompare(text);
+    return;
+  }
   const params = currentParams();
   if (!params) return;
   showError("");
@@ -222,9 +250,22 @@ function send() {
   startGeneration(params);
 }
 
+/** Answer the conversation and `text` under Compare's A and B; the prompt stays in the box (nothing is saved). */
+function runCompare(text) {
+  const { error } = formatControl.read();
+  if (error) {
+    els.app.classList.add("show-settings");
+    showError(`Fix the response format first: ${error}.`);
+    return;
+  }
+  showError("");
+  compare.run([...transcriptPayload(), { role: "user", content: text }],
+    { format: formatControl.read().format, showMask: formatControl.showMask.checked });
+}
+
 /** Regenerate `view`'s reply: it and what follows leave the page (the server keeps them as a branch). */
 function regenerate(view) {
-  if (state.active) return;
+  if (busy()) return;
   const params = currentParams();
   if (!params) return;
   const at = state.messages.findIndex((turn) => turn.el === view.el);
@@ -264,7 +305,7 @@ function decorate(turn) {
 
 /** Edit a user turn in place; sending it starts a new branch from there. */
 function editTurn(turn) {
-  if (state.active || turn.el.querySelector(".edit-form")) return;
+  if (busy() || turn.el.querySelector(".edit-form")) return;
   const body = turn.el.querySelector(".msg-body");
   const form = document.createElement("form");
   form.className = "edit-form";
@@ -293,7 +334,7 @@ function editTurn(turn) {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = area.value.trim();
-    const params = text && !state.active ? currentParams() : null;
+    const params = text && !busy() ? currentParams() : null;
     if (!params) return;
     truncateTurns(state.messages.indexOf(turn));
     addUserTurn({ role: "user", content: text });
@@ -304,7 +345,7 @@ function editTurn(turn) {
 
 /** Run a request that answers with the conversation (branch switch, delete) and show its answer. */
 async function changeConversation(request) {
-  if (state.active) return;
+  if (busy()) return;
   try {
     showConversation(await request());
   } catch (err) {
@@ -329,6 +370,11 @@ async function syncTree() {
 }
 
 function stop() {
+  if (compare.running) {
+    compare.stop();
+    els.stop.disabled = true;
+    return;
+  }
   const active = state.active;
   if (!active || active.cancelRequested) return;
   active.cancelRequested = true;
@@ -342,8 +388,7 @@ function stop() {
 function endActive() {
   clearTimeout(state.active?.cancelTimer);
   state.active = null;
-  els.stop.disabled = false;
-  setBusy(false);
+  setBusy(busy());
   updateEmptyState();
 }
 
@@ -397,12 +442,7 @@ function handleDone(msg) {
   const active = state.active;
   if (!active || msg.request_id !== active.requestId) return;
   const { stream, view } = active;
-  stream.finish(msg);
-  view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
-    timing: stream.timing, gaps: stream.gaps, json: active.json,
-    masks: active.showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
-    receipt: stream.receipt, promptSegments: stream.promptSegments, context: stream.context });
-  offerTokens(view, msg.outputs);
+  finishReply(view, stream, msg, active);
   const turn = {
     el: view.el,
     role: "assistant",
@@ -427,20 +467,22 @@ function handleDone(msg) {
 
 /**
  * An error with a request_id is that generation's; one without answers the oldest generate frame still
- * waiting for `started` (an abandoned one first, as in handleStarted), else it is about some other frame.
+ * waiting for `started` (an abandoned one first: handleFrame drops those, as handleStarted cancels them, and a
+ * waiting Compare run takes its refusal), else it is about some other frame.
  */
 function handleError(msg) {
   const active = state.active;
-  if (!msg.request_id && abandonedStarts > 0) {
-    abandonedStarts -= 1;
-    return;
-  }
   const ours = active && (msg.request_id ? msg.request_id === active.requestId : active.requestId === null);
   if (ours) failActive(msg.message ?? "The generation failed.");
   else showError(msg.message ?? "The server reported an error.");
 }
 
 function handleFrame(msg) {
+  if (msg.type === "error" && !msg.request_id && abandonedStarts > 0) { // an abandoned generate's (handleError)
+    abandonedStarts -= 1;
+    return;
+  }
+  if (compare.handle(msg)) return;
   switch (msg.type) {
     case "started": return handleStarted(msg);
     case "token": return handleToken(msg);
@@ -496,6 +538,7 @@ function showExportLinks(id) {
 
 function resetConversation() {
   abandonActive();
+  compare.reset();
   state.conversationId = null;
   state.messages = [];
   replyTurns.clear();
@@ -661,7 +704,11 @@ function wire() {
     els.prompt.focus();
   });
   $("reset-params").addEventListener("click", () => paramsForm.reset());
-  els.markdown.addEventListener("change", () => transcript.setMarkdown(els.markdown.checked));
+  els.markdown.addEventListener("change", () => {
+    transcript.setMarkdown(els.markdown.checked);
+    compare.setMarkdown(els.markdown.checked);
+  });
+  $("compare-toggle").addEventListener("click", () => compare.toggle());
   els.system.addEventListener("input", () => {
     updateSystemSummary();
     updateMeter();
@@ -695,14 +742,15 @@ function wireTools() {
   $("view-code").addEventListener("click", () => codeDialog.open());
   const shortcuts = installShortcuts({
     focusComposer: () => els.prompt.focus(),
-    stop: () => (state.active ? stop() : false),
+    stop: () => (busy() ? stop() : false),
     regenerate: () => {
       const last = transcript.replies.at(-1);
-      return last && !state.active ? regenerate(last) : false;
+      return last && !busy() ? regenerate(last) : false;
     },
     newChat: () => $("new-chat").click(),
     settings: () => togglePanel("settings"),
     viewCode: () => codeDialog.open(),
+    compare: () => compare.toggle(),
   });
   $("show-shortcuts").addEventListener("click", () => shortcuts.open());
 }

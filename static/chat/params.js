@@ -9,7 +9,8 @@
  * slider plus number box; "int": number box; "optional-int": blank means unset (null); "lines": textarea,
  * one string per non-empty line (at most `max` lines of at most `max_length` characters); "toggle": a
  * checkbox that sends `on` when checked and leaves the field out (its default) when not. `advanced` fields
- * sit in a collapsed "More options" group so the KV panel below stays in view.
+ * sit in a collapsed "More options" group so the KV panel below stays in view. Compare's settings A and B
+ * (compare.js) are two more forms built from the same specs; they are not remembered.
  */
 
 const STORAGE_KEY = "paged-playground.params.v1";
@@ -89,16 +90,18 @@ export class ParamsForm {
    * Build the controls into `form` and restore the last values.
    * @param {HTMLFormElement} form
    * @param {object[]} specs  `sampling` of chat_config
+   * @param {{storageKey?: string|null}} options  where the values are remembered; null: nowhere
    */
-  constructor(form, specs) {
+  constructor(form, specs, { storageKey = STORAGE_KEY } = {}) {
     this.form = form;
     this.specs = specs;
+    this.storageKey = storageKey;
     const basic = el("div", "params-grid");
     const more = el("details", "params-more");
     const moreGrid = el("div", "params-grid");
     more.append(el("summary", "", "More options"), moreGrid);
     form.append(basic, more);
-    const saved = loadSaved();
+    const saved = storageKey ? loadSaved(storageKey) : {};
     for (const spec of this.specs) {
       (spec.advanced ? moreGrid : basic).append(field(spec));
       this.setValue(spec, spec.name in saved ? saved[spec.name] : spec.value);
@@ -129,10 +132,17 @@ export class ParamsForm {
       if (slider) slider.value = event.target.value;
     }
     const { params, errors } = this.read();
-    if (Object.keys(errors).length === 0) {
+    if (this.storageKey && Object.keys(errors).length === 0) {
       const stored = Object.fromEntries(this.specs.map((s) => [s.name, params[s.name] ?? null]));
-      localStorage.setItem(STORAGE_KEY, JSON.stringify(stored));
+      localStorage.setItem(this.storageKey, JSON.stringify(stored));
     }
+  }
+
+  /** Set every control from `params` (as read() returns them: a field left out takes its default, which for an
+   * optional field is unset), as typing would (an input event follows). */
+  fill(params) {
+    for (const spec of this.specs) this.setValue(spec, spec.name in params ? params[spec.name] : spec.value);
+    this.form.dispatchEvent(new Event("input", { bubbles: true }));
   }
 
   /**
@@ -159,7 +169,7 @@ export class ParamsForm {
   /** Put every control back to its default and forget the saved values. */
   reset() {
     for (const spec of this.specs) this.setValue(spec, spec.value);
-    localStorage.removeItem(STORAGE_KEY);
+    if (this.storageKey) localStorage.removeItem(this.storageKey);
     this.read();
   }
 }

@@ -134,10 +134,7 @@ export class PresetPicker {
     if (!preset) return;
     this.system.value = preset.system_prompt;
     this.system.dispatchEvent(new Event("input", { bubbles: true }));
-    for (const spec of this.paramsForm.specs) {
-      this.paramsForm.setValue(spec, spec.name in preset.params ? preset.params[spec.name] : spec.value);
-    }
-    this.paramsForm.form.dispatchEvent(new Event("input", { bubbles: true }));
+    this.paramsForm.fill(preset.params);
     let note = "";
     if (preset.model) {
       if ([...this.model.options].some((option) => option.value === preset.model)) {

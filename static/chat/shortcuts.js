@@ -20,6 +20,7 @@ export const SHORTCUTS = [
   { key: "n", label: "Start a new chat", action: "newChat" },
   { key: "s", label: "Open or close the settings", action: "settings" },
   { key: "c", label: "View code: this chat as a curl command and a Python call", action: "viewCode" },
+  { key: "b", label: "Compare: open or close settings A and B side by side", action: "compare" },
 ];
 
 function typingIn(target) {

@@ -7,6 +7,7 @@
 
 import { renderInto } from "../common/markdown.js";
 import { formatJson, maskView } from "./format.js";
+import { offerTokens } from "./tokens.js";
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -65,7 +66,8 @@ function contextView(context) {
 export class ReplyView {
   /**
    * @param {{n: number, markdown: boolean, onChoose: (view: ReplyView, index: number) => void,
-   *          onRegenerate: (view: ReplyView) => void}} options
+   *          onRegenerate?: (view: ReplyView) => void}} options  no onRegenerate: no Regenerate action (a
+   *          compare pane's reply, which is not a turn of the conversation)
    */
   constructor({ n, markdown, onChoose, onRegenerate }) {
     this.markdown = markdown;
@@ -108,9 +110,9 @@ export class ReplyView {
     this.notice = el("p", "reply-notice");
     this.notice.hidden = true;
     this.actions = el("div", "reply-actions");
-    this.regenerate = button("↻ Regenerate", "regenerate", () => onRegenerate(this),
-      "Sample this reply again (the old one stays as a branch)");
-    this.actions.append(this.regenerate);
+    this.regenerate = onRegenerate ? button("↻ Regenerate", "regenerate", () => onRegenerate(this),
+      "Sample this reply again (the old one stays as a branch)") : null;
+    if (this.regenerate) this.actions.append(this.regenerate);
     if (n === 1) this.actions.append(this.copyButton(0));
     this.el.append(this.samplesEl, this.notice, this.meta, this.actions);
     this.markChosen(0);
@@ -246,8 +248,24 @@ export class ReplyView {
 
   /** Any reply can be regenerated, while nothing is streaming. */
   setRegenerable(enabled) {
-    this.regenerate.hidden = !enabled;
+    if (this.regenerate) this.regenerate.hidden = !enabled;
   }
+}
+
+/**
+ * Show a stream's `done` frame `msg` in its view: the final texts, stats, cache receipt and, when asked for, the
+ * grammar masks (`showMask`) and token probabilities; the same for a chat reply and a compare pane.
+ * @param {ReplyView} view
+ * @param {import("./stream.js").ReplyStream} stream
+ * @param {{json: boolean, showMask: boolean}} options  how the response format asked the reply to be shown
+ */
+export function finishReply(view, stream, msg, { json, showMask }) {
+  stream.finish(msg);
+  view.finish({ texts: stream.texts, finishReasons: stream.finishReasons, usage: stream.usage,
+    timing: stream.timing, gaps: stream.gaps, json,
+    masks: showMask ? (msg.outputs ?? []).map((o) => o.grammar_mask ?? null) : [],
+    receipt: stream.receipt, promptSegments: stream.promptSegments, context: stream.context });
+  offerTokens(view, msg.outputs);
 }
 
 /**

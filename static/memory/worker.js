@@ -62,7 +62,8 @@ export class WorkerCard {
         ? ` · TP=${ranks}: ${mib(m.weight_bytes_per_rank)} weights + ${mib(m.kv_pool_bytes_per_rank)} KV per rank`
         : "";
       this.q(".worker-weights").textContent =
-        `${m.quantization ?? "float"} weights ${mib(m.weight_bytes)} · KV pool ${mib(m.kv_pool_bytes ?? 0)}${perRank}`;
+        `${m.quantization ?? "float"} weights ${mib(m.weight_bytes)} · KV pool ${mib(m.kv_pool_bytes ?? 0)}` +
+        (m.kv_bytes_per_token ? ` · ${(m.kv_bytes_per_token / 1024).toFixed(1)} KiB KV per token` : "") + perRank;
     }
     const requests = snapshot.requests ?? [];
     const blockSize = m.block_size ?? 16;

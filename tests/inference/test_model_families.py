@@ -7,8 +7,11 @@ sliding windows are 17 to 24 tokens, so prompt plus output cross them.
 
 import pytest
 import torch
-from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (
+    AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+    Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+)
 
 import kernels.cpu_kernels
 from inference import LLM, SamplingParams
@@ -21,6 +24,11 @@ PROMPTS = [ORACLE_PROMPTS[i] for i in (1, 4, 6, 7)]  # 5 to ~150 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
 
+DEEPSEEK = {**{k: v for k, v in FAMILY_SHAPE.items() if k != "head_dim"}, "num_key_value_heads": 4,
+            "kv_lora_rank": 48, "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
+            "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1, "routed_scaling_factor": 1.5, "tie_word_embeddings": False}
+
 FAMILIES = {
     "llama3": (LlamaForCausalLM, LlamaConfig(**FAMILY_SHAPE, tie_word_embeddings=True, rope_parameters={
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -28,6 +36,18 @@ FAMILIES = {
     "qwen3": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=True)),
     "qwen3-yarn": (Qwen3ForCausalLM, Qwen3Config(**FAMILY_SHAPE, tie_word_embeddings=False, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0, "original_max_position_embeddings": 64})),
+    # Mixtures of experts (inference/moe.py): 4 experts, 2 a token; Qwen3-MoE with a dense second layer.
+    "qwen3-moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**FAMILY_SHAPE, num_experts=4, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, norm_topk_prob=True,
+                                                       mlp_only_layers=[1], tie_word_embeddings=True)),
+    "mixtral": (MixtralForCausalLM, MixtralConfig(**{**FAMILY_SHAPE, "intermediate_size": 32}, num_local_experts=4,
+                                                  num_experts_per_tok=2, sliding_window=None)),
+    # Latent attention (inference/mla.py) with DeepSeek's experts: a dense first layer, then 4 routed experts
+    # (2 a token, scaled) beside a shared one. "-q" adds the low-rank query and the group-limited top-k.
+    "deepseek-v2": (DeepseekV2ForCausalLM, DeepseekV2Config(**DEEPSEEK)),
+    "deepseek-v2-q": (DeepseekV2ForCausalLM, DeepseekV2Config(**{**DEEPSEEK, "q_lora_rank": 24},
+                                                               topk_method="group_limited_greedy", n_group=2,
+                                                               topk_group=1)),
     # Sliding windows: Mistral v0.1 on every layer (the one-call C++ stack); Qwen2 from max_window_layers on,
     # and alternating by layer_types as Gemma does (the per-op path: q/k/v biases).
     "mistral-window": (MistralForCausalLM, MistralConfig(**FAMILY_SHAPE, sliding_window=20)),

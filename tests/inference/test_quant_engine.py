@@ -165,18 +165,68 @@ def test_bad_gguf_files_name_the_file_and_the_tensor(tmp_path):
         LLM(model=str(folder), **SMALL)
 
 
+@pytest.fixture(scope="module")
+def bundled_gguf_float32():
+    """SmolLM2's own Q4_1 file (its token table Q8_0) with float32 activations, the oracle path."""
+    from inference.model_loader import DEFAULT_MODEL
+
+    with LLM(model=DEFAULT_MODEL, quantization="gguf", dtype="float32", num_kv_blocks=128, max_model_len=512) as llm:
+        yield llm
+
+
+def test_the_bundled_ggufs_weights_are_the_files_own_values_bit_for_bit(bundled_gguf_float32):
+    """The Q8_0 token table is kept as the file's blocks (not re-quantized per row, which moved values by up
+    to 0.008 and made greedy text depart from HF's on the file), and Q4_1 layers as their codes."""
+    from inference.model_loader import DEFAULT_MODEL, find_gguf, resolve_model
+
+    reader = gguf.GGUFReader(find_gguf(DEFAULT_MODEL, resolve_model(DEFAULT_MODEL)))
+    files = {t.name: t for t in reader.tensors}
+
+    def file_values(name: str) -> torch.Tensor:
+        tensor = files[name]
+        return torch.from_numpy(gguf.dequantize(tensor.data, tensor.tensor_type).copy()).float()
+
+    model = bundled_gguf_float32.llm_engine.runner.model
+    assert files["token_embd.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    table = model.embed_tokens.weight
+    assert table.group_size == 32 and table.codes.dtype == torch.int8  # 1 byte a value, not a float copy
+    assert torch.equal(table.dequantize(), file_values("token_embd.weight"))
+    assert torch.equal(table.rows(torch.tensor([0, 9906, 49151])), file_values("token_embd.weight")[[0, 9906, 49151]])
+    assert torch.equal(model.layers[3].mlp.down_proj.weight.dequantize(), file_values("blk.3.ffn_down.weight"))
+    assert bundled_gguf_float32.metrics()["weight_bytes"] <= 0.3 * 134_515_008 * 4
+
+
 @pytest.mark.slow
-def test_bundled_q4_1_gguf_greedy_equals_hf_on_its_dequantized_weights():
-    """The must-show: SmolLM2's own Q4_1 file, run as int4, equals HF greedy on the same weight values."""
-    from transformers import AutoConfig
+def test_bundled_q4_1_gguf_float32_greedy_equals_hf_loading_the_same_file(bundled_gguf_float32):
+    """The must-show: SmolLM2's own GGUF with float32 activations equals HF transformers loading that file
+    itself (`gguf_file=`, its de-quantized weights), 32 greedy tokens of each chat."""
+    from transformers import AutoModelForCausalLM
 
-    from inference.model_loader import DEFAULT_MODEL, resolve_model
+    from inference.model_loader import DEFAULT_MODEL, find_gguf, resolve_model
 
-    llm = LLM(model=DEFAULT_MODEL, quantization="gguf", dtype="float32", num_kv_blocks=128, max_model_len=512)
-    assert llm.metrics()["weight_bytes"] <= 0.3 * 134_515_008 * 4
-    hf = hf_with_engine_weights(llm, AutoConfig.from_pretrained(resolve_model(DEFAULT_MODEL)))
-    tok = llm.get_tokenizer()
-    prompts = [{"prompt_token_ids": tok.encode(p, add_special_tokens=False)} for p in ORACLE_PROMPTS]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    path = find_gguf(DEFAULT_MODEL, resolve_model(DEFAULT_MODEL))
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tok = bundled_gguf_float32.get_tokenizer()
+    chats = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in ORACLE_PROMPTS]
+    prompts = [{"prompt_token_ids": tok.encode(chat, add_special_tokens=False)} for chat in chats]
+    outs = bundled_gguf_float32.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+                                         use_tqdm=False)
     for text, prompt, out in zip(ORACLE_PROMPTS, prompts, outs):
-        assert out.outputs[0].token_ids == hf_greedy(hf, prompt["prompt_token_ids"], 16), text
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt["prompt_token_ids"], 32), text
+
+
+def test_a_quantized_models_default_dtype_takes_the_fast_kernels_where_the_cpu_has_them(tmp_path):
+    """dtype="auto" with quantized weights is bfloat16 on a CPU with bfloat16 arithmetic, whose int4/int8
+    kernels are the fast ones (float32 activations run the de-quantise-then-matmul oracle path)."""
+    from inference.config import cpu_has_bfloat16
+
+    folder = save_folder(tmp_path / "m", tiny_llama())
+    with LLM(model=str(folder), quantization="int4", **SMALL) as llm:
+        runner = llm.llm_engine.runner
+        fast = cpu_has_bfloat16()
+        assert runner.dtype == (torch.bfloat16 if fast else torch.float32)
+        kernel = runner.model.layers[0].mlp.down_proj.weight.kernel
+        assert (kernel in ("tiled", "torch")) if fast else kernel == "reference"
+    with LLM(model=str(folder), **SMALL) as float_weights:
+        assert float_weights.llm_engine.runner.dtype == torch.float32  # the oracle mode stays the default

@@ -87,7 +87,7 @@ def test_abort_frees_blocks_and_ends_the_stream(engine):
 def test_bad_request_fails_alone_while_others_run(engine):
     good = engine.add_request("Tell me about cats.", SamplingParams(temperature=0, max_tokens=16))
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.add_request("word " * 3000, SamplingParams(max_tokens=4))
+        engine.add_request("word " * 9000, SamplingParams(max_tokens=4))  # past the window (the pool's 4,096 tokens)
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("", SamplingParams(max_tokens=4))
     texts, _ = collect(good)

@@ -9,7 +9,6 @@ one torch thread each (the test process' two, split).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -73,17 +72,29 @@ def smollm_tp3():
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
 ], ids=["heads", "gguf", "lora", "zero"])
 def test_what_cannot_run_is_a_value_error_before_any_process_starts(kwargs, message):
-    before = multiprocessing.active_children()
     with pytest.raises(ValueError, match=message):
         LLM(num_kv_blocks=64, **kwargs)
-    assert multiprocessing.active_children() == before
+    assert rank_processes() == []
 
 
 def test_the_kv_heads_are_checked_too(tiny_llama):
-    before = multiprocessing.active_children()
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
         LLM(model=str(tiny_llama[0]), num_kv_blocks=64, tensor_parallel_size=4)
-    assert multiprocessing.active_children() == before
+    assert rank_processes() == []
+
+
+def rank_processes() -> list[int]:
+    """Ids of this process's children that run a rank (alive or not yet reaped)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue
+        if f"PPid:\t{os.getpid()}\n" in status and b"inference.parallel.rank_process" in command:
+            found.append(int(entry.name))
+    return found
 
 
 def test_each_rank_keeps_its_rows_or_columns_and_the_last_vocabulary_shard_is_padded():
@@ -109,6 +120,7 @@ def test_smollm2_tp3_greedy_equals_hf_in_one_continuous_batch(smollm_tp3, hf_gre
 def test_the_pool_holds_n_times_the_blocks_in_the_same_per_device_memory(smollm_tp3):
     metrics = smollm_tp3.metrics()
     assert metrics["tensor_parallel_size"] == 3
+    assert sorted(rank_processes()) == sorted(smollm_tp3.llm_engine.runner.ranks.pids)  # 2 rank processes
     assert metrics["num_blocks_total"] == 3 * 256
     assert metrics["kv_pool_bytes_per_rank"] == 256 * TP1_BLOCK_BYTES
     assert metrics["kv_pool_bytes"] == 3 * metrics["kv_pool_bytes_per_rank"]
@@ -219,9 +231,9 @@ def test_int4_quantized_at_load_under_tp_equals_tp1(tiny_llama):
     folder, _ = tiny_llama
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [{"prompt_token_ids": [9906, 1070, 504, 2365]}]
-    with LLM(model=str(folder), num_kv_blocks=64, max_model_len=256, quantization="int4") as one:
+    with LLM(model=str(folder), num_kv_blocks=64, max_model_len=256, quantization="int4", dtype="float32") as one:
         want = greedy_tokens(one, prompts, params)
-    with LLM(model=str(folder), num_kv_blocks=64, max_model_len=256, quantization="int4",
+    with LLM(model=str(folder), num_kv_blocks=64, max_model_len=256, quantization="int4", dtype="float32",
              tensor_parallel_size=2) as two:
         assert greedy_tokens(two, prompts, params) == want
         assert two.metrics()["quantization"] == "int4"
@@ -316,3 +328,21 @@ def test_llm_generate_raises_when_a_rank_dies_and_frees_everything(tiny_llama):
         llm.generate("Hi", GREEDY, use_tqdm=False)
     llm.close()
     assert_idle(llm)
+
+
+def test_the_seeds_example_3_runs_as_a_plain_script_without_a_main_guard(tmp_path):
+    """vLLM's example 3 builds `LLM(..., tensor_parallel_size=4)` at a script's top level. The ranks are fresh
+    interpreters that never import the script (ranks.RankProcess), so it runs as written and equals TP=1."""
+    folder = tmp_path / "tiny-llama-4kv"
+    save_tiny(folder, LlamaForCausalLM, LlamaConfig(**{**SHAPE, "num_key_value_heads": 4}))
+    script = tmp_path / "example3.py"
+    script.write_text(
+        "import json\nfrom inference import LLM, SamplingParams\n"
+        f"llm = LLM(model={str(folder)!r}, tensor_parallel_size=4, num_kv_blocks=64, max_model_len=256)\n"
+        f"outputs = llm.generate({ORACLE_PROMPTS!r}, SamplingParams(temperature=0, max_tokens={MAX_TOKENS}))\n"
+        "print(json.dumps([o.outputs[0].token_ids for o in outputs]))\n")
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    with LLM(model=str(folder), num_kv_blocks=64, max_model_len=256) as tp1:
+        assert json.loads(run.stdout.splitlines()[-1]) == greedy_tokens(tp1, ORACLE_PROMPTS)

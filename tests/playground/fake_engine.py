@@ -1,5 +1,6 @@
 """A scripted stand-in for `inference.StreamingEngine`, for consumer and worker tests that must not load a
-model. It answers a chat with "echo<i>: <last user message>", one character per token, `delay` seconds apart
+model. It answers a chat with "echo<i>: <last user message>" ("<adapter name><i>: ..." under a LoRA adapter), one
+character per token, `delay` seconds apart
 (with prompt_logprobs, the last message's characters after the first get logprob -position, rank 1)
 (a message starting "REJECT" is refused, as is a logit_bias id past its vocabulary of VOCAB; one
 starting "SLOW" takes `slow_admission_s` to submit),
@@ -101,8 +102,9 @@ class FakeStreamingEngine:
                        prompt if isinstance(prompt, list) else self.encode(prompt))
         stream = FakeStream(request_id, n_prompt)
         stop = self.live[request_id] = threading.Event()
-        replies = [f"echo{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
-        full = [len(f"echo{i}: {last}") for i in range(sampling_params.n)]
+        speaker = "echo" if lora_request is None else lora_request.lora_name  # an adapter answers in its own name
+        replies = [f"{speaker}{i}: {last}"[: sampling_params.max_tokens] for i in range(sampling_params.n)]
+        full = [len(f"{speaker}{i}: {last}") for i in range(sampling_params.n)]
         prompt_logprobs = None
         if sampling_params.prompt_logprobs is not None:
             prompt_logprobs = [None] + [{self.encode(c)[0]: Logprob(-float(p), 1, c)} for p, c in enumerate(last) if p]

@@ -212,11 +212,16 @@ def running_stack(workdir: Path, workers: tuple[str, ...],
         live.stop()
 
 
+FAKE_PLAYGROUND = ("tests/playground/fake_playground.py",)  # `argv` for the scripted engine instead of the model
+
+
 class EmbeddedServer:
     """`python manage.py playground` in a subprocess: SQLite, in-memory broker and channel layer, one
-    in-process worker with the real model. `url` is what the command printed."""
+    in-process worker with the real model (with `argv=FAKE_PLAYGROUND`, the scripted engine of fake_engine.py).
+    `url` is what the command printed."""
 
-    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None,
+                 argv: tuple[str, ...] = ("manage.py",)) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -227,7 +232,7 @@ class EmbeddedServer:
         self.log_path = workdir / "embedded.log"
         self._log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "playground", "--port", str(self.port)],
+            [sys.executable, *argv, "playground", "--port", str(self.port)],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

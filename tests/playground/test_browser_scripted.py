@@ -667,3 +667,27 @@ def test_chat_any_message_can_be_edited_or_regenerated_and_branches_show(open_pa
     generate = page.evaluate("window.__sent").pop()
     assert generate["messages"] == [{"role": "user", "content": "Hi there"}]
     assert page.locator(".msg-user .msg-body").all_inner_texts() == ["Hi there"]
+
+
+def test_chat_meter_counts_without_a_window_until_a_worker_reports_one(open_page):
+    """No worker has loaded yet and ENGINE_MAX_MODEL_LEN is unset: the page has no window to draw against,
+    says so, and takes the window the worker resolved from the first reply's `done` frame."""
+    assert CHAT_CONFIG["context"]["window"] is None
+    page = open_page("/")
+    meter = page.locator("#context-meter")
+    page.fill("#prompt", "How full is the window?")
+    assert meter.get_attribute("data-state") == "unknown"
+    assert "window known once a worker has loaded the model" in meter.inner_text()
+    send_prompt(page, "Hi")
+    chat_frame(page, {"type": "started", "request_id": "r1", "conversation_id": "c1"})
+    chat_frame(page, {
+        "type": "done", "request_id": "r1", "conversation_id": "c1", "worker": "w1",
+        "outputs": [{"index": 0, "text": "Hello", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 2, "cached_tokens": 0},
+        "timing": {"ttft_ms": 10.0, "tokens_per_s": 50.0},
+        "context": {"policy": "drop-oldest-turns", "window": 8192, "max_tokens": 256, "reply_room": 256,
+                    "conversation_tokens": 9, "prompt_tokens": 9, "dropped_messages": 0, "dropped_turns": 0},
+    })
+    page.wait_for_function("() => document.querySelector('#context-meter').dataset.state === 'ok'")
+    assert meter.get_attribute("aria-valuemax") == "8192"
+    assert "/ 8,192 tokens" in meter.inner_text()

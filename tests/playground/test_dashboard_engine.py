@@ -164,7 +164,9 @@ def test_published_block_map_is_the_engines_state_through_sharing_caching_and_re
     assert reset["latency"]["requests"] == 2 and reset["latency"]["ttft_ms"]["p50"] > 0
 
     # /metrics renders this worker's heartbeat: the engine's figures under vLLM's names.
-    registry.beat(runtime.heartbeat())
+    beat = runtime.heartbeat()
+    assert beat["max_model_len"] == 256  # the engine's resolved window, which the web side states
+    registry.beat(beat)
     response = client.get("/metrics")
     assert response.status_code == 200
     samples = {

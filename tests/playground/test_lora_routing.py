@@ -118,3 +118,25 @@ def test_chat_page_offers_the_served_models(client, settings, modules, listed):
     response = client.get("/")
     assert response.context["chat_config"]["models"] == listed
     assert 'id="model-picker"' in response.content.decode()  # shown by main.js when there is a choice
+
+
+def test_the_served_window_is_the_smallest_live_workers_else_the_configured_one(settings):
+    """Each worker resolves its own max_model_len (from the model and its KV pool unless configured) and its
+    heartbeat carries it; the page's meter and /v1/models state the smallest, since any worker may serve."""
+    from django.core.cache import cache
+
+    from playground.serving.shared import registry
+    from playground.serving.web.models import served_max_model_len
+
+    cache.clear()
+    settings.PLAYGROUND_ENGINE = {**settings.PLAYGROUND_ENGINE, "max_model_len": None}
+    assert served_max_model_len() is None  # nothing loaded yet, nothing configured: the page says so
+    registry.beat({"name": "loading", "max_model_len": None})
+    settings.PLAYGROUND_ENGINE = {**settings.PLAYGROUND_ENGINE, "max_model_len": 1024}
+    assert served_max_model_len() == 1024
+    registry.beat({"name": "a", "max_model_len": 8192})
+    registry.beat({"name": "b", "max_model_len": 4096})
+    assert served_max_model_len() == 4096
+    registry.forget("b")
+    assert served_max_model_len() == 8192
+    cache.clear()

@@ -37,7 +37,7 @@ def engine_metrics(scale: int) -> dict:
         "prefix_cache_hits_total": 320 * scale, "prefix_cache_hit_rate": 0.4, "evictions_total": 4 * scale,
         "cow_copies_total": 6 * scale, "weight_bytes": 94_000_000 * scale, "kv_pool_bytes": 48_000_000 * scale,
         "tensor_parallel_size": 2 * scale, "weight_bytes_per_rank": 47_000_000, "kv_pool_bytes_per_rank": 24_000_000,
-        "quantization": "int4",
+        "kv_bytes_per_token": 23_040 * scale, "quantization": "int4",
     }
 
 

@@ -1,12 +1,15 @@
-"""The models a client may name: the base model and each LoRA adapter of PLAYGROUND_LORA_MODULES.
+"""The models a client may name (the base model and each LoRA adapter of PLAYGROUND_LORA_MODULES), and the
+context window they are served with.
 
 The API's `model` field and the chat socket's `model` both resolve here, so they accept the same names;
 the adapter a name selects travels in the Job to the worker (`EngineService.submit`).
 """
 from __future__ import annotations
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from ..shared import registry
 from .edge import InvalidInput
 
 
@@ -30,3 +33,15 @@ def adapter_for(model: str | None) -> str | None:
     if model not in settings.PLAYGROUND_LORA_MODULES:
         raise UnknownModel(f"the model {model!r} does not exist; this server serves {', '.join(served_models())}")
     return model
+
+
+def served_max_model_len() -> int | None:
+    """The longest sequence a request may use, as the workers resolved it: each worker's engine derives its
+    `max_model_len` from the model and its KV pool unless ENGINE_MAX_MODEL_LEN sets it, and its heartbeat
+    carries the value. The smallest live worker's, since any of them may serve the next request; before any
+    worker has loaded, the configured value (None when the engine derives it)."""
+    reported = [w["max_model_len"] for w in registry.live_workers() if w.get("max_model_len")]
+    return min(reported) if reported else settings.PLAYGROUND_ENGINE["max_model_len"]
+
+
+aserved_max_model_len = sync_to_async(served_max_model_len, thread_sensitive=False)

@@ -79,6 +79,13 @@ class EngineService:
         health = engine.health()
         return {"alive": health.alive, "error": health.error, "last_step_at": health.last_step_at}
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's longest sequence, resolved at load from the model and the KV pool (None until loaded):
+        the heartbeat carries it so the web side states the window the workers really serve."""
+        engine = self._engine
+        return None if engine is None else engine.engine.max_model_len
+
     def wait_ready(self, timeout: float | None = None) -> StreamingEngine:
         """The engine once loaded and healthy; raises EngineUnavailable otherwise (after `timeout` s loading)."""
         if not self._loaded.wait(timeout):
