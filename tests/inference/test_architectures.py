@@ -4,7 +4,7 @@ transformers configs (and the built-in model's) load, each with its Architecture
 import json
 
 import pytest
-from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from inference.architectures import ARCHITECTURES
 from inference.model import ModelConfig
@@ -64,6 +64,9 @@ def qwen2(**change) -> dict:
      [64, None]),
     (qwen2(sliding_window=64, layer_types=["sliding_attention", "full_attention"]), [None, None]),
     (Qwen3Config(**SHAPE, use_sliding_window=True, sliding_window=64, max_window_layers=1).to_dict(), [None, 64]),
+    # HF's Mixtral and Qwen3-MoE window every layer (the latter under use_sliding_window).
+    (MixtralConfig(**SHAPE, sliding_window=64).to_dict(), [64, 64]),
+    (Qwen3MoeConfig(**SHAPE, use_sliding_window=True, sliding_window=64).to_dict(), [64, 64]),
 ])
 def test_each_layers_window_is_read_as_hf_reads_it(tmp_path, config, windows):
     assert load(tmp_path, config).windows == windows
