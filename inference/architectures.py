@@ -7,8 +7,8 @@ bookkeeping, training-only settings, generation defaults that generation_config.
 hold a value the engine implements (`check_config`). Any other field is refused by name, so a checkpoint never
 loads silently wrong.
 
-Sliding-window attention is not implemented: a window is accepted only where no sequence can cross it (a
-window at least `max_position_embeddings`, the engine's longest `max_model_len`), and refused by name elsewhere.
+Sliding windows are stated per layer by `layer_windows` (None: full attention), as HF's family code derives
+them; the attention kernels take the layer's window (kernels/reference.py says the exact mask).
 """
 
 from __future__ import annotations
@@ -36,20 +36,33 @@ class Architecture:
 
     qkv_bias: bool = False  # q/k/v carry a bias whatever `attention_bias` says (Qwen2)
     qk_norm: bool = False  # every head of q and of k is RMS-normalised (weights [head_dim]) before RoPE (Qwen3)
-    window_switch: str | None = None  # the field that must be true for `sliding_window` to apply (Qwen's)
+    # Sliding windows (`layer_windows`): whether HF's family applies `sliding_window` at all (where not, the
+    # window fields are refused by name), the field that must be true for it to apply (Qwen's), whether the
+    # family reads `layer_types` (Mistral's ignores it), and without `layer_types` the field naming the first
+    # windowed layer (Qwen's `max_window_layers`; None: every layer, as Mistral).
+    window: bool = False
+    window_switch: str | None = None
+    reads_layer_types: bool = False
+    window_from_layer: str | None = None
     moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral, DeepSeek-V2)
     mla: bool = False  # multi-head latent attention (inference/mla.py; DeepSeek-V2)
 
 
+QWEN_WINDOW = dict(window=True, window_switch="use_sliding_window", reads_layer_types=True,
+                   window_from_layer="max_window_layers")
+
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(),
-    "mistral": Architecture(),
-    "qwen2": Architecture(qkv_bias=True, window_switch="use_sliding_window"),
-    "qwen3": Architecture(qk_norm=True, window_switch="use_sliding_window"),
-    "qwen3_moe": Architecture(qk_norm=True, window_switch="use_sliding_window",
+    "mistral": Architecture(window=True),
+    "qwen2": Architecture(qkv_bias=True, **QWEN_WINDOW),
+    "qwen3": Architecture(qk_norm=True, **QWEN_WINDOW),
+    # HF's Qwen3-MoE and Mixtral window every layer (Qwen3-MoE's under use_sliding_window; neither reads
+    # max_window_layers or layer_types).
+    "qwen3_moe": Architecture(qk_norm=True, window=True, window_switch="use_sliding_window",
                               moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size",
                                       normalize="norm_topk_prob")),
-    "mixtral": Architecture(moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size", normalize="always")),
+    "mixtral": Architecture(window=True, moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
+                                                 normalize="always")),
     "deepseek_v2": Architecture(mla=True, moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"),
                                                   "moe_intermediate_size", normalize="never", router_float32=True,
                                                   shared_experts="shared_experts")),
@@ -102,7 +115,7 @@ MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok
 MLA_FIELDS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                         "qk_head_dim"})
 
-# Checked by `_check_window`.
+# Read by `layer_windows`.
 WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
 
 
@@ -122,25 +135,43 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
         if not present and fields & set(config):
             raise ValueError(f"{where}: {', '.join(sorted(fields & set(config)))}: {what} is not part of a "
                              f"{model_type!r} model")
-    _check_window(config, arch, where)
-    unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - WINDOW_FIELDS)
+    windows = frozenset()
+    if arch.window:
+        layer_windows(config, arch, where)  # refuses a window setting it cannot state
+        windows = WINDOW_FIELDS if arch.reads_layer_types else WINDOW_FIELDS - {"layer_types"}
+    unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - windows)
     if unknown:
         raise ValueError(f"{where}: config field(s) {', '.join(unknown)} are not implemented by this engine's "
                          f"{model_type!r} model")
     return arch
 
 
-def _check_window(config: dict[str, Any], arch: Architecture, where: str) -> None:
-    """Refuse a sliding window some layer applies and a sequence can cross, naming the field."""
-    layer_types = config.get("layer_types")
+def layer_windows(config: dict[str, Any], arch: Architecture, where: str) -> list[int | None]:
+    """Each layer's sliding window in tokens, or None for full attention, as HF's family derives it.
+
+    The window is `sliding_window` where the family's switch (`use_sliding_window`) is on; a layer applies it
+    when `layer_types` says "sliding_attention", or, without `layer_types`, from layer `max_window_layers` on
+    (Qwen) or on every layer (Mistral). A window no sequence can cross (at least `max_position_embeddings`) is
+    None: such a layer costs nothing over full attention. Bad values raise ValueError naming the field.
+    """
+    num_layers = config["num_hidden_layers"]
+    window = config.get("sliding_window") if arch.window else None
+    if arch.window_switch is not None and not config.get(arch.window_switch, False):
+        window = None
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"{where}: sliding_window must be a positive integer or null, got {window!r}")
+    if window is not None and window >= config.get("max_position_embeddings", 2048):
+        window = None
+    layer_types = config.get("layer_types") if arch.reads_layer_types else None
     if layer_types is not None:
         other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-        if other:
-            raise ValueError(f"{where}: layer_types {other} are not implemented")
-        windowed = "sliding_attention" in layer_types
-    else:
-        windowed = arch.window_switch is None or bool(config.get(arch.window_switch, False))
-    window = config.get("sliding_window")
-    if windowed and window is not None and window < config.get("max_position_embeddings", 2048):
-        raise ValueError(f"{where}: sliding_window={window} is not implemented (sliding-window attention); "
-                         "only a window no sequence can cross (>= max_position_embeddings) loads")
+        if other or len(layer_types) != num_layers:
+            raise ValueError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' for each "
+                             f"of the {num_layers} layers, got {layer_types!r}")
+        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    first = 0
+    if window is not None and arch.window_from_layer is not None:
+        if not isinstance(config.get(arch.window_from_layer), int):
+            raise ValueError(f"{where}: {arch.window_from_layer} (an integer) is needed with sliding_window")
+        first = config[arch.window_from_layer]
+    return [window if i >= first else None for i in range(num_layers)]

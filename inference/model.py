@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from inference.architectures import Architecture, architecture
+from inference.architectures import Architecture, architecture, layer_windows
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
 from inference.mla import LatentAttention, LatentKV, deinterleave_rope_rows
 from inference.moe import MoEConfig, SparseMoE
@@ -50,10 +50,17 @@ class ModelConfig:
     # (inference/rope.py: `rope_type`, `rope_theta` and the type's own keys).
     architecture: Architecture = field(default_factory=Architecture)
     rope: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    # Each layer's sliding window in tokens, None for full attention (`architectures.layer_windows`); empty:
+    # every layer full.
+    windows: list[int | None] = field(default_factory=list)
     moe: MoEConfig | None = None  # a mixture of experts (`architecture.moe`, inference/moe.py)
     # Latent attention (`architecture.mla`, inference/mla.py); then the cache holds one "KV head" per token
     # whose `head_dim` is the latent plus the RoPE key, and RoPE rotates `rope_dim` dimensions.
     mla: LatentKV | None = None
+
+    def window(self, layer: int) -> int | None:
+        """`layer`'s sliding window, or None for full attention."""
+        return self.windows[layer] if self.windows else None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is a mixture of experts."""
@@ -91,6 +98,7 @@ class ModelConfig:
             rope=rope,
             moe=MoEConfig.from_config(cfg, arch.moe, where) if arch.moe else None,
             mla=mla,
+            windows=layer_windows(cfg, arch, where),
         )
 
 
@@ -145,10 +153,12 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce)."""
+    """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce). With a `window`, each token
+    attends to the last `window` positions up to its own (kernels/reference.py), else to all of them."""
 
-    def __init__(self, cfg: ModelConfig, group: Group) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None) -> None:
         super().__init__()
+        self.window = window
         self.num_heads, self.num_kv_heads = cfg.num_heads // group.size, cfg.num_kv_heads // group.size
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * cfg.head_dim
@@ -181,11 +191,12 @@ class Attention(nn.Module):
         ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode:
             out = ops.paged_attention_decode(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale, window=self.window
             )
         else:
             out = ops.paged_attention_prefill(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
+                window=self.window,
             )
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -207,7 +218,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, group: Group, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LatentAttention(cfg, RMSNorm) if cfg.mla else Attention(cfg, group)
+        self.self_attn = LatentAttention(cfg, RMSNorm) if cfg.mla else Attention(cfg, group, cfg.window(index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.is_sparse(index):
             shared = cfg.moe.shared_intermediate_size
@@ -225,6 +236,8 @@ class LlamaForCausalLM(nn.Module):
         self.group = group = group or Group.single()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, group)
         self.layers = nn.ModuleList(DecoderLayer(cfg, group, i) for i in range(cfg.num_layers))
+        # `ops.decoder_layers`' windows: per layer (0 for full attention), or none where every layer is full.
+        self.stack_windows = [cfg.window(i) or 0 for i in range(cfg.num_layers)] if any(cfg.windows) else []
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
@@ -249,7 +262,7 @@ class LlamaForCausalLM(nn.Module):
         if stack is not None:
             return ops.decoder_layers(h, stack, kv_caches, *rope, meta.slot_mapping, meta.block_tables,
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
-                                      self.layers[0].self_attn.scale, self.norm.eps, rows)
+                                      self.layers[0].self_attn.scale, self.norm.eps, rows, self.stack_windows)
         for layer, kv_cache in zip(self.layers, kv_caches):
             h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
             h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)

@@ -93,18 +93,19 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+                           context_lens: Tensor, scale: float, out: Tensor | None = None,
+                           window: int | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_decode``."""
     return _for(query).paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
-                                              out=out)
+                                              out=out, window=window)
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_prefill``."""
     return _for(query).paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                               query_start_loc, scale, out=out)
+                                               query_start_loc, scale, out=out, window=window)
 
 
 def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:

@@ -87,15 +87,17 @@ def silu_and_mul(x: Tensor) -> Tensor:
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+                           context_lens: Tensor, scale: float, out: Tensor | None = None,
+                           window: int | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_decode``: a prefill where every sequence has one new token."""
     num_seqs = query.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
+    validation.check_window(window)
     if query.dtype not in _NATIVE_DTYPES:
         return reference.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
-                                                out=out)
+                                                out=out, window=window)
     out = validation.output_for(query, out)
-    _run(out, query, key_cache, value_cache, block_tables, context_lens, _decode_starts(num_seqs), scale)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, _decode_starts(num_seqs), scale, window)
     return out
 
 
@@ -107,32 +109,37 @@ def _decode_starts(num_seqs: int) -> Tensor:
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_prefill`` (same checks, same errors)."""
     num_seqs = block_tables.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
+    validation.check_window(window)
     if query.dtype not in _NATIVE_DTYPES:
         return reference.paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                                 query_start_loc, scale, out=out)
+                                                 query_start_loc, scale, out=out, window=window)
     starts = query_start_loc.to(torch.int32)
     _query_lens(starts, context_lens, query.shape[0])
     if query.device.type != "cpu":
         raise ValueError(f"the cpu backend needs CPU tensors, got {query.device}")
     out = validation.output_for(query, out)
-    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale, window)
     return out
 
 
 def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[Tensor, Tensor]], cos: Tensor,
                    sin: Tensor, slot_mapping: Tensor, block_tables: Tensor, context_lens: Tensor,
                    query_start_loc: Tensor, num_heads: int, scale: float, eps: float,
-                   rows: Tensor | None = None) -> Tensor:
+                   rows: Tensor | None = None, windows: list[int] | None = None) -> Tensor:
     """Every decoder layer of a Llama-family model for one step, in one C++ call (``csrc/decoder_cpu.cpp``):
     the final norm of the last layer's output, at every token or only at ``rows`` (then the last layer writes
     every token's K/V but runs the rest for those rows alone). ``weights`` holds six tensors per layer (input
     norm, packed q/k/v, packed o, post-attention norm, packed gate/up, packed down) and the final norm's last
-    (``inference.model.LlamaForCausalLM``). The metadata is checked once here, not once a layer."""
+    (``inference.model.LlamaForCausalLM``). ``windows`` holds each layer's sliding window (0: full attention),
+    or is empty where every layer is full. The metadata is checked once here, not once a layer."""
+    windows = windows or []
+    if windows and (len(windows) != len(kv_caches) or any(w < 0 for w in windows)):
+        raise ValueError(f"windows must hold one window >= 0 per layer ({len(kv_caches)}), got {windows}")
     key_cache, value_cache = kv_caches[0]
     num_seqs = block_tables.shape[0]
     num_kv_heads, head_dim = key_cache.shape[2:]
@@ -152,7 +159,7 @@ def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[
         hidden.contiguous(), weights, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.contiguous(),
         sin.contiguous(), slot_mapping.to(torch.int64), block_tables.to(torch.int32).contiguous(),
         context_lens.to(torch.int32).contiguous(), query_start_loc.to(torch.int32).contiguous(), num_heads,
-        num_kv_heads, head_dim, float(scale), float(eps), rows)
+        num_kv_heads, head_dim, float(scale), float(eps), rows, windows)
 
 
 def _query_lens(query_start_loc: Tensor, context_lens: Tensor, num_tokens: int) -> Tensor:
@@ -173,7 +180,7 @@ def prompt_min_query() -> int:
 
 
 def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-         context_lens: Tensor, query_start_loc: Tensor, scale: float) -> None:
+         context_lens: Tensor, query_start_loc: Tensor, scale: float, window: int | None) -> None:
     """Hand contiguous-last-dim tensors of the right index dtypes to the C++ routine (few tensor ops: this
     runs once per layer per step)."""
     if query.device.type != "cpu":
@@ -187,7 +194,7 @@ def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     # A context needing more blocks than block_tables has columns is refused (ValueError) by the C++ planner.
     extension().paged_attention(out, query, key_cache, value_cache, block_tables.to(torch.int32).contiguous(),
                                 context_lens.to(torch.int32).contiguous(), query_start_loc.contiguous(),
-                                float(scale))
+                                float(scale), window or 0)
 
 
 def cache_root() -> Path:

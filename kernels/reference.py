@@ -8,6 +8,11 @@ Triton kernels avoid; here it buys simplicity.
 
 KV cache layout per layer: ``key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]``.
 A token's slot is ``physical_block * block_size + offset``.
+
+Sliding windows: with ``window=W`` (an int), a query at position p attends to the keys at positions k with
+``p - W < k <= p`` (W keys, its own included), as transformers' ``masking_utils.sliding_window_overlay``
+(``kv_idx > q_idx - sliding_window``) on top of the causal mask, for Mistral, Qwen2/3 and Gemma alike.
+``window=None`` is full causal attention. Blocks wholly before every query's window are not read.
 """
 
 from __future__ import annotations
@@ -70,34 +75,39 @@ def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
-    """One query token per sequence attending to its first ``context_lens[s]`` cached tokens.
+                           context_lens: Tensor, scale: float, out: Tensor | None = None,
+                           window: int | None = None) -> Tensor:
+    """One query token per sequence attending to its first ``context_lens[s]`` cached tokens (its last
+    ``window`` of them with a sliding window: see the module's docstring).
 
     ``query: [num_seqs, num_heads, head_dim]``; query head h reads KV head ``h // (num_heads // kv_heads)``.
     A sequence with context length 0 gets a zero output (useful for padded batches). The result is written
     into ``out`` when given (same shape and dtype as ``query``) and returned.
     """
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, query.shape[0])
+    validation.check_window(window)
     out = validation.output_for(query, out)
     if query.shape[0] == 0:
         return out
-    out.copy_(_decode_blockwise(query, key_cache, value_cache, block_tables, context_lens, scale))
+    out.copy_(_decode_blockwise(query, key_cache, value_cache, block_tables, context_lens, scale, window))
     return out
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Sequence s owns query rows ``query_start_loc[s]:query_start_loc[s+1]``; ``context_lens[s]`` counts all its
     cached tokens including these new ones, so new token i sits at position ``context_lens[s] - q_len + i``
-    and attends to positions ``0..that position``. Sequences with one new token take the decode path, so a
-    mixed decode + prefill batch is not padded to its longest prompt. Writes into ``out`` when given.
+    and attends to positions ``0..that position`` (with a ``window``, the last ``window`` of them). Sequences
+    with one new token take the decode path, so a mixed decode + prefill batch is not padded to its longest
+    prompt. Writes into ``out`` when given.
     """
     num_seqs = block_tables.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
+    validation.check_window(window)
     starts = query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
     if bool((q_lens < 0).any()) or int(starts[-1]) != query.shape[0] or bool((q_lens > context_lens).any()):
@@ -109,11 +119,11 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     if single.numel():
         rows = starts[single]
         out[rows] = paged_attention_decode(query[rows], key_cache, value_cache, block_tables[single],
-                                           context_lens[single], scale)
+                                           context_lens[single], scale, window=window)
     for seq in (q_lens > 1).nonzero()[:, 0].tolist():
         start, q_len = int(starts[seq]), int(q_lens[seq])
         out[start:start + q_len] = _prefill_one(query[start:start + q_len], key_cache, value_cache,
-                                                block_tables[seq], int(context_lens[seq]), scale)
+                                                block_tables[seq], int(context_lens[seq]), scale, window)
     return out
 
 
@@ -133,7 +143,7 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
 
 
 def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                      context_lens: Tensor, scale: float) -> Tensor:
+                      context_lens: Tensor, scale: float, window: int | None) -> Tensor:
     """Decode attention block by block, as PagedAttention computes it: no padding to the longest context.
 
     Every (sequence, logical block) pair that holds context becomes one row: its physical block's K/V are
@@ -141,7 +151,8 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     across each sequence's pairs (max, exp, sums by ``index_add``). Query head h of group k reads KV head k:
     grouping the query heads per KV head would need K/V transposed (a copy as large as the gather), so the
     query is multiplied as a block-diagonal ``[heads, kv_heads * D]`` matrix instead, which costs kv_heads x
-    the (small) score FLOPs and copies nothing. Computes in float32 (float64 stays float64).
+    the (small) score FLOPs and copies nothing. Computes in float32 (float64 stays float64). With a window,
+    the pairs start at the block holding the window's first position, and the keys before it are masked.
     """
     num_seqs, num_heads, head_dim = query.shape
     kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
@@ -149,18 +160,23 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     device = query.device
     ctx = context_lens.long()
     blocks_held = -(-ctx // block_size)
-    seq, logical = (torch.arange(int(blocks_held.max()), device=device) < blocks_held[:, None]).nonzero(as_tuple=True)
+    held = torch.arange(int(blocks_held.max()), device=device) < blocks_held[:, None]
+    if window is not None:  # the query sits at ctx - 1 and sees positions from ctx - window on
+        held &= torch.arange(held.shape[1], device=device) >= (ctx - window).clamp(min=0)[:, None] // block_size
+    seq, logical = held.nonzero(as_tuple=True)
     physical = block_tables[seq, logical].long()
     keys = key_cache.flatten(1).index_select(0, physical).view(-1, block_size, kv_heads * head_dim).to(compute)
     values = value_cache.flatten(1).index_select(0, physical).view(-1, block_size, kv_heads * head_dim).to(compute)
-    past_context = logical[:, None] * block_size + torch.arange(block_size, device=device) >= ctx[seq, None]
+    key_positions = logical[:, None] * block_size + torch.arange(block_size, device=device)
+    past_context = key_positions >= ctx[seq, None]
     values[past_context.nonzero(as_tuple=True)] = 0  # the last block's tail may hold anything, even NaN
+    unseen = past_context if window is None else past_context | (key_positions < ctx[seq, None] - window)
 
     eye = torch.eye(kv_heads, dtype=compute, device=device)
     grouped = query.to(compute).view(num_seqs, kv_heads, -1, head_dim) * scale
     block_diagonal = torch.einsum("skgd,kj->skgjd", grouped, eye).reshape(num_seqs, num_heads, -1)
     scores = torch.bmm(block_diagonal[seq], keys.transpose(1, 2))                       # [pairs, heads, block]
-    scores.masked_fill_(past_context[:, None], float("-inf"))
+    scores.masked_fill_(unseen[:, None], float("-inf"))
     seq_max = torch.full((num_seqs, num_heads), float("-inf"), dtype=compute, device=device)
     seq_max.scatter_reduce_(0, seq[:, None].expand(-1, num_heads), scores.amax(-1), "amax")
     weights = torch.exp(scores - seq_max[seq][..., None])
@@ -174,21 +190,27 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
 
 
 def _prefill_one(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor, context_len: int,
-                 scale: float) -> Tensor:
+                 scale: float, window: int | None) -> Tensor:
     """Causal attention of one sequence's ``q_len`` new tokens over its ``context_len`` cached tokens.
 
     One SDPA call per prefilling sequence: a step holds few of them, and unpadded calls neither compute
-    attention for padding nor read a slot past the context (which may hold anything, even NaN).
+    attention for padding nor read a slot past the context (which may hold anything, even NaN). With a window,
+    the keys start at the block holding the first new token's first visible position.
     """
     block_size = key_cache.shape[1]
     q_len = query.shape[0]
     compute = torch.promote_types(query.dtype, torch.float32)
-    blocks = block_table[: -(-context_len // block_size)].long()
-    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len].to(compute)     # [ctx, kv_heads, D]
-    values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len].to(compute)
-    # New token i sits at position context_len - q_len + i and sees positions 0..that one.
+    first_block = 0 if window is None else max(0, context_len - q_len - window + 1) // block_size
+    first = first_block * block_size  # position of the first key read
+    blocks = block_table[first_block: -(-context_len // block_size)].long()
+    keys = key_cache.index_select(0, blocks).flatten(0, 1)[:context_len - first].to(compute)  # [keys, kv_heads, D]
+    values = value_cache.index_select(0, blocks).flatten(0, 1)[:context_len - first].to(compute)
+    # New token i sits at position context_len - q_len + i and sees positions 0..that one (the window's last).
     positions = torch.arange(context_len - q_len, context_len, device=query.device)
-    mask = torch.arange(context_len, device=query.device)[None, :] <= positions[:, None]  # [q_len, ctx]
+    key_positions = torch.arange(first, context_len, device=query.device)[None, :]
+    mask = key_positions <= positions[:, None]  # [q_len, keys]
+    if window is not None:
+        mask &= key_positions > positions[:, None] - window
     out = F.scaled_dot_product_attention(
         query.to(compute).transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
         attn_mask=mask, scale=scale, enable_gqa=True)                                   # [1, heads, q_len, D]

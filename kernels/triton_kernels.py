@@ -5,6 +5,10 @@ float32; nothing is gathered into a contiguous copy first. Decode is GQA-aware: 
 of one sequence and serves all the query heads that share it, so each KV tile is loaded once. Long contexts
 are split into partitions computed in parallel and merged by log-sum-exp (PagedAttention V2).
 
+A sliding window (``window``, as ``kernels.reference`` defines it) is a compile-time switch (``SLIDING``), so the
+full-attention kernels compile exactly as without it: with it, decode starts at the window's first position and
+prefill tiles at their first row's, and prefill masks each row's keys before its own window.
+
 Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1`` (set before triton is imported).
 """
 
@@ -53,13 +57,15 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                           context_lens: Tensor, scale: float, out: Tensor | None = None) -> Tensor:
+                           context_lens: Tensor, scale: float, out: Tensor | None = None,
+                           window: int | None = None) -> Tensor:
     """One query token per sequence attending to its first ``context_lens[s]`` cached tokens (into ``out``).
 
     The partition count comes from the block-table width (no device sync): programs whose partition lies past
     their own sequence's context exit at once, and the merge only reads the partitions a sequence used.
     """
     _check_attention_inputs(query, key_cache, value_cache, block_tables, context_lens, block_tables.shape[0])
+    validation.check_window(window)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
     out = validation.output_for(query, out)
@@ -67,7 +73,8 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
         return out
     max_context = max(1, block_tables.shape[1] * block_size)
     num_partitions = triton.cdiv(max_context, PARTITION_SIZE)
-    meta = decode_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, num_partitions)
+    meta = decode_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, num_partitions,
+                             window is not None)
     if meta["SPLIT"]:
         part_out = torch.empty(num_seqs, num_heads, num_partitions, head_dim, dtype=torch.float32,
                                device=query.device)
@@ -77,7 +84,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
         part_out = part_max = part_sum = out  # unused when not split
     _decode_kernel[(num_seqs, kv_heads, num_partitions)](
         out, part_out, part_max, part_sum, query, key_cache, value_cache, block_tables, context_lens,
-        scale * _LOG2E, num_partitions,
+        scale * _LOG2E, num_partitions, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
@@ -90,7 +97,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Semantics as ``kernels.reference.paged_attention_prefill``. The grid has ``num_tokens // BLOCK_Q +
@@ -100,15 +107,16 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     num_seqs = block_tables.shape[0]
     _check_attention_inputs(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
+    validation.check_window(window)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
     out = validation.output_for(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    meta = prefill_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype)
+    meta = prefill_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, window is not None)
     _prefill_kernel[(num_tokens // meta["BLOCK_Q"] + num_seqs, kv_heads)](
         out, query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
-        scale * _LOG2E, num_seqs,
+        scale * _LOG2E, num_seqs, window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
@@ -141,12 +149,12 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
 
 
 def decode_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-                      num_partitions: int) -> dict:
+                      num_partitions: int, sliding: bool = False) -> dict:
     """Compile-time parameters of ``_decode_kernel`` for one model shape (also used by the compile check)."""
     group = num_heads // kv_heads
     return dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
                 DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, BLOCK_N=64,
-                PARTITION=PARTITION_SIZE, SPLIT=num_partitions > 1, DOT_FP32=_dot_in_fp32(dtype))
+                PARTITION=PARTITION_SIZE, SPLIT=num_partitions > 1, DOT_FP32=_dot_in_fp32(dtype), SLIDING=sliding)
 
 
 def merge_constexprs(head_dim: int, num_partitions: int) -> dict:
@@ -155,12 +163,14 @@ def merge_constexprs(head_dim: int, num_partitions: int) -> dict:
                 PARTS_PAD=triton.next_power_of_2(num_partitions), PARTITION=PARTITION_SIZE)
 
 
-def prefill_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> dict:
+def prefill_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+                       sliding: bool = False) -> dict:
     """Compile-time parameters of ``_prefill_kernel``: BLOCK_M rows = BLOCK_Q tokens x GROUP query heads."""
     group = num_heads // kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     return dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-                BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=32, DOT_FP32=_dot_in_fp32(dtype))
+                BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=32, DOT_FP32=_dot_in_fp32(dtype),
+                SLIDING=sliding)
 
 
 def reshape_and_cache_constexprs(block_size: int, kv_heads: int, head_dim: int) -> dict:
@@ -220,12 +230,14 @@ def _reshape_and_cache_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr
 
 @triton.jit
 def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, start, limit, allowed_to,
-                 kv_head, stride_kb, stride_ko, stride_kh, stride_vb, stride_vo, stride_vh, scale_log2,
+                 allowed_from, kv_head, stride_kb, stride_ko, stride_kh, stride_vb, stride_vo, stride_vh, scale_log2,
                  HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 DOT_FP32: tl.constexpr):
+                 DOT_FP32: tl.constexpr, WINDOWED: tl.constexpr):
     """One online-softmax step over KV positions ``start..start+BLOCK_N`` (those ``< limit``).
 
-    ``allowed_to[r]`` is the last position row r may see (causality); scores are in log2 units.
+    ``allowed_to[r]`` is the last position row r may see (causality), and where ``WINDOWED``
+    ``allowed_from[r]`` the first (its sliding window: a row may then see nothing of a tile, so a row's max
+    stays -inf and is taken as 0 to keep its sums 0 rather than NaN); scores are in log2 units.
     """
     positions = start + tl.arange(0, BLOCK_N)
     in_range = positions < limit
@@ -242,10 +254,16 @@ def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, st
     else:
         scores = tl.dot(q, tl.trans(keys))
     visible = in_range[None, :] & (positions[None, :] <= allowed_to[:, None])
+    if WINDOWED:
+        visible = visible & (positions[None, :] >= allowed_from[:, None])
     scores = tl.where(visible, scores * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    probs = tl.exp2(scores - m_new[:, None])
+    if WINDOWED:
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new
+    alpha = tl.exp2(m_i - m_shift)
+    probs = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(probs, axis=1)
     if DOT_FP32:
         acc = acc * alpha[:, None] + tl.dot(probs, values.to(tl.float32), input_precision="ieee")
@@ -256,13 +274,15 @@ def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, st
 
 @triton.jit
 def _decode_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr, key_cache_ptr,
-                   value_cache_ptr, block_tables_ptr, context_lens_ptr, scale_log2, num_partitions,
+                   value_cache_ptr, block_tables_ptr, context_lens_ptr, scale_log2, num_partitions, window,
                    stride_qs, stride_qh, stride_os, stride_oh, stride_kb, stride_ko, stride_kh,
                    stride_vb, stride_vo, stride_vh, stride_bt,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION: tl.constexpr,
-                   SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
-    """Program (seq, kv_head, partition): the GROUP query heads of one KV head over one partition."""
+                   SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, SLIDING: tl.constexpr):
+    """Program (seq, kv_head, partition): the GROUP query heads of one KV head over one partition. With a window
+    the tiles start at its first position, so nothing before it is read or masked (a partition wholly before it
+    stores an empty softmax, weight 0 in the merge)."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     partition = tl.program_id(2)
@@ -272,6 +292,8 @@ def _decode_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr,
         if start >= context_len:
             return
     end = tl.minimum(start + PARTITION, context_len)
+    if SLIDING:
+        start = tl.maximum(start, context_len - window)
 
     rows = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + rows
@@ -286,9 +308,9 @@ def _decode_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr,
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for tile in range(start, end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, tile, end,
-                                     allowed_to, kv_head, stride_kb, stride_ko, stride_kh, stride_vb,
+                                     allowed_to, allowed_to, kv_head, stride_kb, stride_ko, stride_kh, stride_vb,
                                      stride_vo, stride_vh, scale_log2, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                                     DOT_FP32)
+                                     DOT_FP32, False)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SPLIT:
         part = (seq * GROUP * tl.num_programs(1) + heads) * num_partitions + partition
@@ -340,13 +362,14 @@ def _find_sequence(query_start_loc_ptr, program, num_seqs, BLOCK_Q: tl.constexpr
 
 @triton.jit
 def _prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
-                    query_start_loc_ptr, scale_log2, num_seqs,
+                    query_start_loc_ptr, scale_log2, num_seqs, window,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ko, stride_kh,
                     stride_vb, stride_vo, stride_vh, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr):
-    """Program (query tile, kv_head): BLOCK_Q new tokens x GROUP query heads, packed as BLOCK_M rows."""
+                    DOT_FP32: tl.constexpr, SLIDING: tl.constexpr):
+    """Program (query tile, kv_head): BLOCK_Q new tokens x GROUP query heads, packed as BLOCK_M rows. With a
+    window, the KV tiles start at the first row's first visible position."""
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(query_start_loc_ptr, program, num_seqs, BLOCK_Q)
@@ -372,10 +395,14 @@ def _prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_ta
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     limit = tl.minimum(context_len, context_len - q_len + (tile + 1) * BLOCK_Q)
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for kv_start in range(0, limit, BLOCK_N):
+    first_key = 0
+    if SLIDING:
+        first_key = tl.maximum(0, context_len - q_len + tile * BLOCK_Q + 1 - window)
+    for kv_start in range(first_key, limit, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, kv_start, limit,
-                                     position, kv_head, stride_kb, stride_ko, stride_kh, stride_vb, stride_vo,
-                                     stride_vh, scale_log2, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_FP32)
+                                     position, position + 1 - window, kv_head, stride_kb, stride_ko, stride_kh,
+                                     stride_vb, stride_vo, stride_vh, scale_log2, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
+                                     BLOCK_N, DOT_FP32, SLIDING)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + token)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
              + dims[None, :], acc.to(out_ptr.dtype.element_ty), mask=q_mask)

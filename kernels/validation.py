@@ -100,3 +100,9 @@ def check_block_mapping(key_caches: list[Tensor], value_caches: list[Tensor], bl
     num_blocks = key_caches[0].shape[0] if key_caches else 0
     if any(not 0 <= block < num_blocks for pair in pairs for block in pair):
         raise ValueError(f"block_mapping entries must be physical blocks in [0, {num_blocks})")
+
+
+def check_window(window: int | None) -> None:
+    """A sliding window is None (full attention) or a positive number of tokens."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be None or a positive int, got {window!r}")

@@ -25,7 +25,7 @@ void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key
                        torch::Tensor slot_mapping);                                     // reshape_and_cache_cpu.cpp
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
-                     double scale);                                                     // paged_attention_cpu.cpp
+                     double scale, int64_t window);                                     // paged_attention_cpu.cpp
 
 namespace {
 
@@ -70,13 +70,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> one_row_queries(const to
 // Returns the final norm of the last layer's output, [tokens, hidden], or with `rows` (int64 row numbers, each in
 // range) only at those rows, [rows, hidden]: the last layer then writes every token's K and V, and runs the rest
 // (attention, o_proj, the MLP, the final norm) for those rows alone (a prefill samples one row of hundreds).
-// Checked by the Python caller.
+// windows: each layer's sliding window (0: full attention), or empty where every layer is full. Checked by the
+// Python caller.
 torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> weights,
                              std::vector<torch::Tensor> key_caches, std::vector<torch::Tensor> value_caches,
                              torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
                              torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale, double eps,
-                             std::optional<torch::Tensor> rows) {
+                             std::optional<torch::Tensor> rows, std::vector<int64_t> windows) {
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * layers + 1 &&
                   static_cast<int64_t>(value_caches.size()) == layers,
@@ -101,7 +102,8 @@ torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> we
       std::tie(tables, lens, starts) = one_row_queries(*rows, block_tables, context_lens, query_start_loc);
     }
     torch::Tensor attn = torch::empty({q.size(0), num_heads, head_dim}, hidden.options());
-    paged_attention(attn, q, key_caches[i], value_caches[i], tables, lens, starts, scale);
+    paged_attention(attn, q, key_caches[i], value_caches[i], tables, lens, starts, scale,
+                    windows.empty() ? 0 : windows[i]);
     h = h + packed_linear(attn.view({q.size(0), q_size}), w[2]);
     x = rms_norm(h, w[3], eps);
     h = h + packed_linear(silu_and_mul(packed_linear(x, w[4])), w[5]);

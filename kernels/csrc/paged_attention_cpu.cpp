@@ -2,7 +2,10 @@
 //
 // One routine serves decode and prefill: sequence s owns query rows query_start_loc[s]..[s+1], and new token i
 // of a sequence with q_len new tokens sits at position context_len - q_len + i, attending causally to 0..that.
-// Decode is the case q_len == 1 everywhere.
+// Decode is the case q_len == 1 everywhere. With a sliding window (window > 0) a token at position p sees only
+// positions p - window < k <= p (transformers' sliding_window_overlay; kernels/reference.py): an item starts at the
+// block holding its first row's first visible key, never reading the blocks before, and each row's scores start
+// at its own first visible key. window == 0 (full attention) adds one predictable branch per row and block.
 //
 // A prompt (PROMPT_MIN_QUERY or more new rows: a whole prompt, or a long suffix after a prefix hit) goes through
 // prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 2.5-3x faster than flash attention in bfloat16); the other sequences here.
@@ -265,8 +268,8 @@ template <typename T, int64_t HEAD_DIM>
 void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t q_s1, const T* k, const T* v,
                  int64_t c_s0, int64_t c_s1, int64_t c_s2, const int32_t* tables, int64_t t_s0,
                  const uint8_t* shared_blocks,
-                 int64_t block_size, int64_t group, int64_t runtime_head_dim, float scale, T* out, int64_t o_s0,
-                 int64_t o_s1) {
+                 int64_t block_size, int64_t group, int64_t runtime_head_dim, float scale, int64_t window, T* out,
+                 int64_t o_s0, int64_t o_s1) {
   const int64_t head_dim = HEAD_DIM > 0 ? HEAD_DIM : runtime_head_dim;
   constexpr BlockRead read = block_read<T, HEAD_DIM>();
   const int64_t tokens = it.q_end - it.q_begin;
@@ -290,33 +293,39 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
   }
   // One block of every head of the item: per KV head, scores and the online-softmax update row by row, then the
   // values, all its rows together. Row t of head h's keys is at kb + t * row_stride + h * head_stride. A row's
-  // probabilities past what it may see (causal) are 0, and a row that sees none of the block keeps its
-  // accumulator (correction 1).
+  // probabilities outside what it may see (after it: causal; before its window) are 0, and a row that sees none
+  // of the block keeps its accumulator (correction 1).
   auto attend_block = [&](int64_t start, int64_t n, const auto* kb, const auto* vb, int64_t row_stride,
                           int64_t head_stride) {
     for (int64_t h = 0; h < heads; ++h) {
       const auto* kh = kb + h * head_stride;
       int64_t used = 0;
       for (int64_t r = h * head_rows; r < (h + 1) * head_rows; ++r) {
-        // Causal: row r's token sits at first_pos + token_of(r) and sees up to that position.
-        const int64_t limit = std::max<int64_t>(0, std::min(n, it.first_pos + token_of(r) + 1 - start));
+        // Causal: row r's token sits at first_pos + token_of(r) and sees up to that position (block rows
+        // lower..limit, lower past 0 only where the window begins inside or after this block).
+        const int64_t position = it.first_pos + token_of(r);
+        const int64_t limit = std::max<int64_t>(0, std::min(n, position + 1 - start));
+        const int64_t lower = window ? std::min(limit, std::max<int64_t>(0, position + 1 - window - start)) : 0;
         float* pr = probs + r * block_size;
+        std::fill(pr, pr + lower, 0.f);
         std::fill(pr + limit, pr + n, 0.f);
-        if (limit == 0) {
+        if (limit == lower) {
           correction[r] = 1.f;
           continue;
         }
         used = std::max(used, limit);
         if constexpr (read == BlockRead::bf16) {
 #if defined(__AVX512BF16__)
-          block_scores_bf16<HEAD_DIM>(buf.q_bf16.data() + r * head_dim, kh, row_stride, limit, scale, pr);
+          block_scores_bf16<HEAD_DIM>(buf.q_bf16.data() + r * head_dim, kh + lower * row_stride, row_stride,
+                                      limit - lower, scale, pr + lower);
 #endif
         } else {
-          block_scores<HEAD_DIM>(buf.q.data() + r * head_dim, kh, row_stride, limit, head_dim, pr);
+          block_scores<HEAD_DIM>(buf.q.data() + r * head_dim, kh + lower * row_stride, row_stride, limit - lower,
+                                 head_dim, pr + lower);
         }
         const float old_max = buf.row_max[r];
         float new_max;
-        const float sum = exponentiate(pr, limit, old_max, &new_max);
+        const float sum = exponentiate(pr + lower, limit - lower, old_max, &new_max);
         correction[r] = exp_nonpositive(old_max - new_max);  // ~0 on the first block
         buf.row_max[r] = new_max;
         buf.row_sum[r] = buf.row_sum[r] * correction[r] + sum;
@@ -326,10 +335,11 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
                                   block_size, vb + h * head_stride, row_stride, used, head_dim, head_rows);
     }
   };
-  // The last row sees the most context: position first_pos + tokens - 1.
+  // The last row sees the most context: position first_pos + tokens - 1; the first row's window the earliest.
   const int64_t visible = it.first_pos + tokens;
+  const int64_t first_block = window ? std::max<int64_t>(0, it.first_pos + 1 - window) / block_size : 0;
   const int32_t* table = tables + it.seq * t_s0;
-  for (int64_t start = 0; start < visible; start += block_size) {
+  for (int64_t start = first_block * block_size; start < visible; start += block_size) {
     const int64_t n = std::min(block_size, visible - start);
     const int32_t block = table[start / block_size];
     const int64_t base = static_cast<int64_t>(block) * c_s0 + it.kv_begin * c_s2;
@@ -726,7 +736,8 @@ constexpr bool AMX_ATTENTION = false;
 // here, for every sequence, what would otherwise read out of bounds: a context needing more blocks than the table
 // has columns (raised as ValueError in Python), before anything is written.
 std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& query_start_loc, int64_t kv_heads,
-                       int64_t group, int64_t block_size, int64_t table_width, int64_t threads, int64_t prompt_min) {
+                       int64_t group, int64_t block_size, int64_t table_width, int64_t threads, int64_t prompt_min,
+                       int64_t window) {
   const auto* ctx = context_lens.data_ptr<int32_t>();
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   int64_t tiles = 0;
@@ -745,8 +756,9 @@ std::vector<Item> plan(const torch::Tensor& context_lens, const torch::Tensor& q
     for (int64_t q0 = 0; q0 < q_len; q0 += TILE_Q) {
       const int64_t q1 = std::min(q_len, q0 + TILE_Q);
       const int64_t first_pos = context - q_len + q0;
+      const int64_t keys = first_pos + q1 - q0;  // keys up to the tile's last row; a window spans fewer
       const double cost = static_cast<double>((q1 - q0) * group * heads_per_item) *
-                          static_cast<double>(first_pos + q1 - q0 + 1);
+                          static_cast<double>((window ? std::min(keys, window + q1 - q0 - 1) : keys) + 1);
       for (int64_t h = 0; h < kv_heads; h += heads_per_item)
         items.push_back({s, h, h + heads_per_item, starts[s] + q0, starts[s] + q1, first_pos, cost});
     }
@@ -774,24 +786,26 @@ std::vector<uint8_t> shared_blocks(const torch::Tensor& block_tables, const torc
 }  // namespace
 
 void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                      torch::Tensor table, int64_t start, int64_t end, int64_t context,
-                      double scale);  // prompt_attention_cpu.cpp
+                      torch::Tensor table, int64_t start, int64_t end, int64_t context, double scale,
+                      int64_t window);  // prompt_attention_cpu.cpp
 
 // query [tokens, heads, head_dim] (last dim contiguous), caches [blocks, block_size, kv_heads, head_dim]
 // (last dim contiguous), block_tables [seqs, width] int32, context_lens [seqs] int32, query_start_loc
-// [seqs + 1] int32, out like query (contiguous). Shapes and value ranges are checked by the Python caller.
+// [seqs + 1] int32, out like query (contiguous); window: the sliding window in tokens, 0 for full attention.
+// Shapes and value ranges are checked by the Python caller.
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
-                     double scale) {
+                     double scale, int64_t window) {
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   // bfloat16 items run on AMX tiles where the OS grants them (blocks of 16 rows or a multiple: their unit of keys),
-  // and then take prompts of up to TILE_MIN_PROMPT new rows too.
+  // and then take prompts of up to TILE_MIN_PROMPT new rows too. A sliding window keeps to attend_item (the tile
+  // routines mask causally only).
   const bool tiles = AMX_ATTENTION && query.scalar_type() == at::kBFloat16 && (head_dim == 64 || head_dim == 128) &&
-                     block_size % 16 == 0 && tiled_weights_available();
+                     block_size % 16 == 0 && window == 0 && tiled_weights_available();
   const int64_t prompt_min = tiles ? TILE_MIN_PROMPT : PROMPT_MIN_QUERY;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
-                                       block_tables.size(1), at::get_num_threads(), prompt_min);
+                                       block_tables.size(1), at::get_num_threads(), prompt_min, window);
   const auto* starts = query_start_loc.data_ptr<int32_t>();
   const auto* contexts = context_lens.data_ptr<int32_t>();
   std::vector<std::pair<double, int64_t>> prompts;  // (cost, sequence), costliest first
@@ -801,7 +815,8 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
   }
   std::sort(prompts.begin(), prompts.end(), std::greater<>());
   auto attend_prompt = [&](int64_t s) {
-    prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s], scale);
+    prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s], scale,
+                     window);
   };
   if (prompts.size() == 1) {
     attend_prompt(prompts[0].second);  // its matmuls use every thread
@@ -877,7 +892,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
             attend_item<scalar_t, HEAD_DIM>(
                 items[i], buf, q, query.stride(0), query.stride(1), k, v, key_cache.stride(0), key_cache.stride(1),
                 key_cache.stride(2), tables, block_tables.stride(0), shared.data(), block_size, group, head_dim,
-                static_cast<float>(scale), o, out.stride(0), out.stride(1));
+                static_cast<float>(scale), window, o, out.stride(0), out.stride(1));
           }
         }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -911,7 +926,8 @@ torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> we
                              torch::Tensor cos, torch::Tensor sin, torch::Tensor slot_mapping,
                              torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double scale,
-                             double eps, std::optional<torch::Tensor> rows);  // decoder_cpu.cpp
+                             double eps, std::optional<torch::Tensor> rows,
+                             std::vector<int64_t> windows);  // decoder_cpu.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");

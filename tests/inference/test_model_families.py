@@ -1,15 +1,16 @@
 """Each model family's greedy output equals HF transformers' token for token (float32): a seeded random tiny
 model built from the family's own transformers config, on the C++ CPU backend and the torch reference, with
 prefix caching on (the prompts run twice, the second time from cached blocks) and chunked prefill, and with
-prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, so
-prompt plus output cross it.
+prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, and
+sliding windows are 17 to 24 tokens, so prompt plus output cross them.
 """
 
 import pytest
 import torch
 from transformers import (
-    AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-    Qwen3MoeConfig, Qwen3MoeForCausalLM,
+    AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+    Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
 )
 
 import kernels.cpu_kernels
@@ -47,6 +48,13 @@ FAMILIES = {
     "deepseek-v2-q": (DeepseekV2ForCausalLM, DeepseekV2Config(**{**DEEPSEEK, "q_lora_rank": 24},
                                                                topk_method="group_limited_greedy", n_group=2,
                                                                topk_group=1)),
+    # Sliding windows: Mistral v0.1 on every layer (the one-call C++ stack); Qwen2 from max_window_layers on,
+    # and alternating by layer_types as Gemma does (the per-op path: q/k/v biases).
+    "mistral-window": (MistralForCausalLM, MistralConfig(**FAMILY_SHAPE, sliding_window=20)),
+    "qwen2-window": (Qwen2ForCausalLM, Qwen2Config(**FAMILY_SHAPE, use_sliding_window=True, sliding_window=24,
+                                                   max_window_layers=1)),
+    "qwen2-layer-types": (Qwen2ForCausalLM, Qwen2Config(**FAMILY_SHAPE, use_sliding_window=True, sliding_window=17,
+                                                        layer_types=["sliding_attention", "full_attention"])),
 }
 
 
@@ -84,3 +92,19 @@ def test_family_greedy_equals_hf(family, backend):
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == want
     assert tight.metrics()["num_preemptions_total"] > 0
     assert_idle(tight)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types"], indirect=True)
+def test_windowed_family_on_triton_equals_hf(family):
+    """The windowed Triton kernels in the engine (interpreted on the CPU): chunked prefill, then the same prompts
+    again from the prefix cache."""
+    pytest.importorskip("triton")
+    folder, prompts, want = family
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="triton", num_kv_blocks=128,
+              max_model_len=256, max_num_batched_tokens=32, max_num_seqs=4)
+    assert llm.llm_engine.runner.ops.__name__ == "kernels.triton_kernels"
+    for _ in range(2):
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
+    assert llm.metrics()["prefix_cache_hits_total"] > 0
+    assert_idle(llm)

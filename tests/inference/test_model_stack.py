@@ -47,11 +47,18 @@ def threads(request):
     torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("windows", [None, [7, None, 20]], ids=["full", "windows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype, threads):
+def test_one_call_stack_equals_the_reference_layer_by_layer(tmp_path, dtype, threads, windows):
+    """Also with a sliding window on some layers (each layer's own, as Gemma alternates them; the stack takes a
+    window per layer): set on the loaded Llama, as no family's config mixes windows without a q/k/v bias."""
     hf = tiny_llama(hidden_size=192, intermediate_size=384, num_attention_heads=6, num_key_value_heads=2,
                     num_hidden_layers=3)
     model = load_model(save_folder(tmp_path, hf), torch.device("cpu"), dtype)
+    if windows is not None:
+        for layer, window in zip(model.layers, windows):
+            layer.self_attn.window = window
+        model.stack_windows = [window or 0 for window in windows]
     assert model._stack_weights(cpu_kernels) is not None, "this model must take the one-call path"
     assert model._stack_weights(reference) is None
     shape = (4 * 8, BLOCK_SIZE, 2, 32)

@@ -42,14 +42,17 @@ def compile_all(dtype: str) -> None:
     tables = dict(block_tables_ptr="i32", context_lens_ptr="i32")
     caches = dict(key_cache_ptr=dtype, value_cache_ptr=dtype)
     for heads, kv_heads, head_dim, block_size in MODEL_SHAPES:
-        for partitions in (1, 8):
-            compile_kernel(tk._decode_kernel, dict(out_ptr=dtype, query_ptr=dtype, **partials, **caches, **tables),
-                           tk.decode_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, partitions))
+        for sliding in (False, True):  # full attention, and a sliding window
+            for partitions in (1, 8):
+                compile_kernel(tk._decode_kernel,
+                               dict(out_ptr=dtype, query_ptr=dtype, **partials, **caches, **tables),
+                               tk.decode_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, partitions,
+                                                    sliding))
+            compile_kernel(tk._prefill_kernel,
+                           dict(out_ptr=dtype, query_ptr=dtype, query_start_loc_ptr="i32", **caches, **tables),
+                           tk.prefill_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, sliding))
         compile_kernel(tk._merge_partitions_kernel, dict(out_ptr=dtype, context_lens_ptr="i32", **partials),
                        tk.merge_constexprs(head_dim, 8))
-        compile_kernel(tk._prefill_kernel,
-                       dict(out_ptr=dtype, query_ptr=dtype, query_start_loc_ptr="i32", **caches, **tables),
-                       tk.prefill_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype))
         compile_kernel(tk._reshape_and_cache_kernel,
                        dict(key_ptr=dtype, value_ptr=dtype, slot_mapping_ptr="i64", **caches),
                        tk.reshape_and_cache_constexprs(block_size, kv_heads, head_dim))

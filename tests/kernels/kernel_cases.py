@@ -59,8 +59,9 @@ def build_case(*, block_size: int, num_heads: int, kv_heads: int, head_dim: int,
                      keys, values, 1.0 / math.sqrt(head_dim))
 
 
-def dense_attention(case: PagedCase) -> Tensor:
-    """Float64 causal GQA attention from the contiguous K/V: the oracle for both backends."""
+def dense_attention(case: PagedCase, window: int | None = None) -> Tensor:
+    """Float64 causal GQA attention from the contiguous K/V: the oracle for both backends. With a ``window``, a
+    query at position p sees only keys p - window < k <= p (transformers' sliding_window_overlay)."""
     out = torch.zeros(case.query.shape, dtype=torch.float64, device=case.query.device)
     group = case.query.shape[1] // case.key_cache.shape[2]
     starts = case.query_start_loc.tolist()
@@ -74,6 +75,8 @@ def dense_attention(case: PagedCase) -> Tensor:
         scores = torch.einsum("qhd,khd->hqk", q, k) * case.scale
         positions = torch.arange(length - q_len, length, device=q.device)
         future = torch.arange(length, device=q.device)[None, :] > positions[:, None]
+        if window is not None:
+            future |= torch.arange(length, device=q.device)[None, :] <= positions[:, None] - window
         weights = scores.masked_fill(future, float("-inf")).softmax(-1)
         out[starts[seq]:starts[seq + 1]] = torch.einsum("hqk,khd->qhd", weights, v)
     return out

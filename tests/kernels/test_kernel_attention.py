@@ -59,25 +59,27 @@ def make_case(block_size: int, ratio: int, head_dim: int, dtype: str, query_lens
                       seed=block_size * 1000 + ratio * 100 + head_dim + len(dtype), device=device)
 
 
-def run_decode(ops: ModuleType, case: PagedCase) -> torch.Tensor:
+def run_decode(ops: ModuleType, case: PagedCase, window: int | None = None) -> torch.Tensor:
     out = poisoned_like(case.query)
     result = ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
-                                        case.context_lens, case.scale, out=out)
+                                        case.context_lens, case.scale, out=out, window=window)
     assert result is out
     return out
 
 
-def run_prefill(ops: ModuleType, case: PagedCase) -> torch.Tensor:
+def run_prefill(ops: ModuleType, case: PagedCase, window: int | None = None) -> torch.Tensor:
     out = poisoned_like(case.query)
     result = ops.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
-                                         case.context_lens, case.query_start_loc, case.scale, out=out)
+                                         case.context_lens, case.query_start_loc, case.scale, out=out,
+                                         window=window)
     assert result is out
     return out
 
 
-def check_both(case: PagedCase, kernel_out: torch.Tensor, reference_out: torch.Tensor) -> None:
+def check_both(case: PagedCase, kernel_out: torch.Tensor, reference_out: torch.Tensor,
+               window: int | None = None) -> None:
     dtype = case.query.dtype
-    expected = dense_attention(case)
+    expected = dense_attention(case, window)
     assert_close_to(reference_out, expected, dtype)
     assert_close_to(kernel_out, expected, dtype)
     assert_close_to(kernel_out, reference_out, dtype)
@@ -221,3 +223,67 @@ def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype):
     contexts = [long, long + 9 + 70, 17, 40, 2 * long + 5 + 16]
     case = make_case(16, 3, 64, dtype, query_lens, device, contexts)
     check_both(case, run_prefill(ops, case), run_prefill(reference, case))
+
+
+def poison_passed_blocks(case: PagedCase, window: int) -> int:
+    """Fill with NaN every block that lies wholly before its sequence's first new token's window (the blocks
+    the block manager keeps but no query of the step may see), so a kernel that reads one fails; returns how
+    many were poisoned (the cases are built to have some)."""
+    block_size = case.key_cache.shape[1]
+    q_lens = (case.query_start_loc[1:] - case.query_start_loc[:-1]).tolist()
+    poisoned = 0
+    for seq, (context, q_len) in enumerate(zip(case.context_lens.tolist(), q_lens)):
+        passed = max(0, context - q_len - window + 1) // block_size
+        for block in case.block_tables[seq, :passed].long().tolist():
+            case.key_cache[block] = float("nan")
+            case.value_cache[block] = float("nan")
+        poisoned += passed
+    return poisoned
+
+
+@pytest.mark.parametrize("window", [1, 7, 20])
+@pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX[:len(FAST)])
+def test_sliding_window_matches_reference_and_dense(ops, device, block_size, ratio, head_dim, dtype, window):
+    """A query at p sees keys p - window < k <= p: decode (contexts shorter and much longer than the window,
+    one ending inside a block) and prefill (a whole prompt, a suffix after a prefix hit, a chunk after an
+    earlier chunk, prompts long enough for the C++ matmul path, one of them in two query tiles), against the
+    float64 dense oracle with a window mask; the blocks wholly before each window hold NaN, unread."""
+    decode = make_case(block_size, ratio, head_dim, dtype, None, device,
+                       [0] + context_lengths(block_size) + [window + 3 * block_size + 2, 130])
+    assert poison_passed_blocks(decode, window)
+    check_both(decode, run_decode(ops, decode, window), run_decode(reference, decode, window), window)
+    contexts = [1, block_size + 1, 40 + 3 * block_size, 3 * block_size + 5, 40, 70, 33 + 50]
+    query_lens = [1, block_size + 1, 3, 2 * block_size + 3, 40, 70, 33]
+    prefill = make_case(block_size, ratio, head_dim, dtype, query_lens, device, contexts)
+    assert poison_passed_blocks(prefill, window)
+    check_both(prefill, run_prefill(ops, prefill, window), run_prefill(reference, prefill, window), window)
+
+
+def test_sliding_window_decode_split_partitions(triton_ops, device, monkeypatch):
+    """With 32-token partitions, a window leaves the first partitions of a long context empty: the merge must
+    give them no weight."""
+    monkeypatch.setattr(triton_ops, "PARTITION_SIZE", 32)
+    case = make_case(16, 3, 64, "fp32", None, device, [1, 31, 33, 100, 150])
+    assert poison_passed_blocks(case, 20)
+    check_both(case, run_decode(triton_ops, case, 20), run_decode(reference, case, 20), 20)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+def test_window_at_least_the_context_equals_full_attention(request, device, backend):
+    """A window no query can cross changes nothing: bit-equal to full attention on the same backend."""
+    ops = backend_module(request, device, backend)
+    prefill = make_case(16, 3, 64, "fp32", [1, 15, 16, 9, 40], device, [1, 15, 16, 17, 53])
+    assert torch.equal(run_prefill(ops, prefill, 53), run_prefill(ops, prefill))
+    decode = make_case(16, 3, 64, "fp32", None, device, [1, 15, 16, 17, 53])
+    assert torch.equal(run_decode(ops, decode, 53), run_decode(ops, decode))
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+@pytest.mark.parametrize("window", [0, -3, 2.5, True])
+def test_a_bad_window_is_refused(request, device, backend, window):
+    ops = backend_module(request, device, backend)
+    case = make_case(8, 3, 64, "fp32", None, device)
+    with pytest.raises(ValueError, match="window"):
+        run_decode(ops, case, window)
+    with pytest.raises(ValueError, match="window"):
+        run_prefill(ops, case, window)
