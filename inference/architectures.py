@@ -18,6 +18,11 @@ from typing import Any
 
 # The Llama block's norms: before attention, and before the MLP (HF names it after attention).
 LLAMA_NORMS = ("input_layernorm", None, "post_attention_layernorm", None)
+# Gemma's four: before and after attention, before and after the MLP.
+GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm")
+# The MLP activations the kernels implement (`<name>_and_mul` in kernels/reference.py), by HF's name.
+ACTIVATIONS = {"silu": "silu_and_mul", "gelu_pytorch_tanh": "gelu_tanh_and_mul"}
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,39 @@ class Architecture:
     window_switch: str | None = None
     reads_layer_types: bool = False
     window_from_layer: str | None = None
+    # Without `layer_types`, every `window_pattern`-th layer is full and the others windowed (Gemma's
+    # alternation; HF's Gemma 2 derives its layer_types so), the period read from `window_pattern_field` where
+    # the config states one (Gemma 3's `sliding_window_pattern`).
+    window_pattern: int | None = None
+    window_pattern_field: str | None = None
     moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral, DeepSeek-V2)
     mla: bool = False  # multi-head latent attention (inference/mla.py; DeepSeek-V2)
+    # Gemma's departures. The MLP's activation (a key of ACTIVATIONS) and the config fields that must name it
+    # (absent: taken to).
+    activation: str = "silu"
+    activation_fields: tuple[str, ...] = ("hidden_act",)
+    unit_offset_norms: bool = False  # RMSNorm multiplies by (1 + w); the loader folds 1 + w into the weight
+    scaled_embeddings: bool = False  # the token embeddings times sqrt(hidden_size), in the activations' dtype
+    # The attention scale is `<field> ** -0.5` (Gemma's query_pre_attn_scalar) rather than head_dim ** -0.5.
+    scale_field: str | None = None
+    # Reads attn_logit_softcapping (attention scores capped: kernels/reference.py) and final_logit_softcapping
+    # (logits capped: c * tanh(logits / c)); each null for none.
+    softcapping: bool = False
+    # Gemma 3: `rope_parameters` per layer type ({"full_attention": ..., "sliding_attention": ...}), the
+    # windowed layers rotating by their own base (inference/rope.py `layer_rope_parameters`).
+    rope_per_layer_type: bool = False
 
     @property
     def llama_block(self) -> bool:
         """Whether a layer is the Llama block's (up to biases): what the one-call C++ decoder stack runs."""
-        return self.qk_norm is None and self.layer_norms == LLAMA_NORMS and self.moe is None and not self.mla
+        return (self.qk_norm is None and self.layer_norms == LLAMA_NORMS and self.moe is None and not self.mla
+                and self.activation == "silu" and not self.softcapping and self.scale_field is None)
 
+
+GEMMA = dict(layer_norms=GEMMA_NORMS, activation="gelu_pytorch_tanh",
+             activation_fields=("hidden_act", "hidden_activation"), unit_offset_norms=True, scaled_embeddings=True,
+             scale_field="query_pre_attn_scalar", softcapping=True, window=True, reads_layer_types=True,
+             reads=frozenset({"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"}))
 
 QWEN_WINDOW = dict(window=True, window_switch="use_sliding_window", reads_layer_types=True,
                    window_from_layer="max_window_layers")
@@ -93,6 +123,14 @@ ARCHITECTURES: dict[str, Architecture] = {
                                       normalize="norm_topk_prob")),
     "mixtral": Architecture(window=True, moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
                                                  normalize="always")),
+    # Gemma 2: GeGLU, (1 + w) norms around each sub-layer, scaled embeddings, query_pre_attn_scalar, soft caps,
+    # windows on alternate layers (the first windowed).
+    "gemma2": Architecture(**GEMMA, window_pattern=2),
+    # Gemma 3 (text): Gemma 2's block with q/k norms per head, five windowed layers to one full (the local
+    # layers with their own RoPE base).
+    "gemma3_text": Architecture(**{**GEMMA, "reads": GEMMA["reads"] | {"rope_local_base_freq"}}, qk_norm="head",
+                                window_pattern=6, window_pattern_field="sliding_window_pattern",
+                                rope_per_layer_type=True),
     "deepseek_v2": Architecture(mla=True, moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"),
                                                   "moe_intermediate_size", normalize="never", router_float32=True,
                                                   shared_experts="shared_experts")),
@@ -124,7 +162,7 @@ HARMLESS_FIELDS = frozenset({
     "problem_type", "pad_token_id", "bos_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id",
     "tokenizer_class", "use_bfloat16", "tf_legacy_loss", "torchscript", "pruned_heads", "add_cross_attention",
     "cross_attention_hidden_size", "tie_encoder_decoder", "finetuning_task", "prefix", "task_specific_params",
-    "_attn_implementation_autoset", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "_attn_implementation_autoset", "cache_implementation", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
     "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
     "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
@@ -134,8 +172,9 @@ HARMLESS_FIELDS = frozenset({
     "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
 })
 
-# field -> the value the engine implements (a field absent from the file is taken to hold it).
-IMPLEMENTED_VALUES: dict[str, Any] = {"hidden_act": "silu", "mlp_bias": False, "use_mrope": False}
+# field -> the value the engine implements (a field absent from the file is taken to hold it). The activation
+# fields are the family's (`Architecture.activation_fields`).
+IMPLEMENTED_VALUES: dict[str, Any] = {"mlp_bias": False, "use_mrope": False, "use_bidirectional_attention": False}
 
 # A mixture of experts' own fields, refused in a family without one (they would be silently ignored).
 MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
@@ -147,7 +186,8 @@ MLA_FIELDS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_r
                         "qk_head_dim"})
 
 # Read by `layer_windows`.
-WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
+WINDOW_FIELDS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+                           "sliding_window_pattern", "_sliding_window_pattern"})
 
 
 def architecture(config: dict[str, Any], where: str) -> Architecture:
@@ -158,8 +198,10 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
         raise ValueError(f"{where}: model_type {model_type!r} is not implemented; implemented: "
                          f"{', '.join(sorted(ARCHITECTURES))}")
     arch = ARCHITECTURES[model_type]
-    for field, value in IMPLEMENTED_VALUES.items():
-        if config.get(field, value) != value:
+    implemented = {**IMPLEMENTED_VALUES, **dict.fromkeys(arch.activation_fields, arch.activation)}
+    for field, value in implemented.items():
+        given = config.get(field, value)
+        if given != value and not (value is False and given is None):  # a switch's null reads as off
             raise ValueError(f"{where}: {field}={config[field]!r} is not implemented (only {value!r})")
     for fields, present, what in ((MOE_FIELDS, arch.moe, "a mixture of experts"), (MLA_FIELDS, arch.mla,
                                                                                    "latent attention")):
@@ -169,9 +211,18 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
     windows = frozenset()
     if arch.window:
         layer_windows(config, arch, where)  # refuses a window setting it cannot state
-        windows = WINDOW_FIELDS if arch.reads_layer_types else WINDOW_FIELDS - {"layer_types"}
-    unknown = sorted(set(config) - READ_FIELDS - arch.reads - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES)
-                     - windows)
+        windows = WINDOW_FIELDS - {"sliding_window_pattern", "_sliding_window_pattern"}
+        if not arch.reads_layer_types:
+            windows -= {"layer_types"}
+        if arch.window_pattern_field is not None:
+            windows |= {arch.window_pattern_field, "_" + arch.window_pattern_field}
+    if arch.scale_field is not None and not isinstance(config.get(arch.scale_field), (int, float)):
+        raise ValueError(f"{where}: {arch.scale_field} (a number) is needed")
+    for field in ("attn_logit_softcapping", "final_logit_softcapping") if arch.softcapping else ():
+        cap = config.get(field)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
+            raise ValueError(f"{where}: {field} must be a positive number or null, got {cap!r}")
+    unknown = sorted(set(config) - READ_FIELDS - arch.reads - HARMLESS_FIELDS - set(implemented) - windows)
     if unknown:
         raise ValueError(f"{where}: config field(s) {', '.join(unknown)} are not implemented by this engine's "
                          f"{model_type!r} model")
@@ -183,8 +234,9 @@ def layer_windows(config: dict[str, Any], arch: Architecture, where: str) -> lis
 
     The window is `sliding_window` where the family's switch (`use_sliding_window`) is on; a layer applies it
     when `layer_types` says "sliding_attention", or, without `layer_types`, from layer `max_window_layers` on
-    (Qwen) or on every layer (Mistral). A window no sequence can cross (at least `max_position_embeddings`) is
-    None: such a layer costs nothing over full attention. Bad values raise ValueError naming the field.
+    (Qwen), on every layer but each `window_pattern`-th (Gemma: `sliding_layers`), or on every layer
+    (Mistral). A window no sequence can cross (at least `max_position_embeddings`) is None: such a layer costs
+    nothing over full attention. Bad values raise ValueError naming the field.
     """
     num_layers = config["num_hidden_layers"]
     window = config.get("sliding_window") if arch.window else None
@@ -194,19 +246,36 @@ def layer_windows(config: dict[str, Any], arch: Architecture, where: str) -> lis
         raise ValueError(f"{where}: sliding_window must be a positive integer or null, got {window!r}")
     if window is not None and window >= config.get("max_position_embeddings", 2048):
         window = None
-    layer_types = config.get("layer_types") if arch.reads_layer_types else None
-    if layer_types is not None:
-        other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-        if other or len(layer_types) != num_layers:
-            raise ValueError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' for each "
-                             f"of the {num_layers} layers, got {layer_types!r}")
-        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    kinds = sliding_layers(config, arch, where)
+    if kinds is not None:
+        return [window if sliding else None for sliding in kinds]
     first = 0
     if window is not None and arch.window_from_layer is not None:
         if not isinstance(config.get(arch.window_from_layer), int):
             raise ValueError(f"{where}: {arch.window_from_layer} (an integer) is needed with sliding_window")
         first = config[arch.window_from_layer]
     return [window if i >= first else None for i in range(num_layers)]
+
+
+def sliding_layers(config: dict[str, Any], arch: Architecture, where: str) -> list[bool] | None:
+    """Which layers are of the sliding kind, as `layer_types` says or, without it, Gemma's pattern (every
+    `window_pattern`-th layer full); None for a family that states its windows otherwise. A layer's kind holds
+    even where its window is None (Gemma 3's sliding layers keep their own RoPE base)."""
+    num_layers = config["num_hidden_layers"]
+    layer_types = config.get("layer_types") if arch.reads_layer_types else None
+    if layer_types is not None:
+        other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if other or len(layer_types) != num_layers:
+            raise ValueError(f"{where}: layer_types must list 'full_attention' or 'sliding_attention' for each "
+                             f"of the {num_layers} layers, got {layer_types!r}")
+        return [kind == "sliding_attention" for kind in layer_types]
+    if arch.window_pattern is None:
+        return None
+    field = arch.window_pattern_field
+    pattern = config.get(field, config.get(f"_{field}", arch.window_pattern)) if field else arch.window_pattern
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
+        raise ValueError(f"{where}: {field} must be a positive integer, got {pattern!r}")
+    return [bool((i + 1) % pattern) for i in range(num_layers)]
 
 
 def nope_layers(config: dict[str, Any], arch: Architecture, where: str) -> tuple[int, ...]:

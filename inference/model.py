@@ -19,7 +19,9 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from inference.architectures import Architecture, architecture, layer_windows, nope_layers
+from inference.architectures import (
+    ACTIVATIONS, Architecture, architecture, layer_windows, nope_layers, sliding_layers,
+)
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
 from inference.mla import LatentAttention, LatentKV, deinterleave_rope_rows
 from inference.moe import MoEConfig, SparseMoE
@@ -27,7 +29,7 @@ from inference.parallel.group import Group
 from inference.parallel.layers import VocabParallelEmbedding, WeightShards
 from inference.quantization import QuantizationConfig, linear_weight
 from inference.quantization.weights import Int4Codes
-from inference.rope import inverse_frequencies, rope_parameters
+from inference.rope import inverse_frequencies, layer_rope_parameters, rope_parameters
 from inference.weight_files import read_weights
 from kernels import reference
 
@@ -58,6 +60,13 @@ class ModelConfig:
     # whose `head_dim` is the latent plus the RoPE key, and RoPE rotates `rope_dim` dimensions.
     mla: LatentKV | None = None
     nope_layers: tuple[int, ...] = ()  # layers that apply no RoPE (SmolLM3's)
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (`Architecture.scale_field` sets it)
+    attn_softcap: float | None = None  # attention-logit soft cap (Gemma 2's attn_logit_softcapping)
+    final_softcap: float | None = None  # final-logit soft cap (final_logit_softcapping)
+    # RoPE of the sliding layers where the family gives them their own (Gemma 3's local base), and which layers
+    # those are (by kind: `architectures.sliding_layers`, whether or not their window is None).
+    local_rope: dict | None = None
+    local_rope_layers: tuple[int, ...] = ()
 
     def window(self, layer: int) -> int | None:
         """`layer`'s sliding window, or None for full attention."""
@@ -80,8 +89,10 @@ class ModelConfig:
         arch = architecture(cfg, where)
         eos = cfg.get("eos_token_id")
         heads = cfg["num_attention_heads"]
-        rope = rope_parameters(cfg, where)
+        rope, local_rope = layer_rope_parameters(cfg, where) if arch.rope_per_layer_type else (
+            rope_parameters(cfg, where), None)
         mla = LatentKV.from_config(cfg, rope) if arch.mla else None
+        scale = cfg[arch.scale_field] ** -0.5 if arch.scale_field else None
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -101,6 +112,12 @@ class ModelConfig:
             mla=mla,
             windows=layer_windows(cfg, arch, where),
             nope_layers=nope_layers(cfg, arch, where),
+            attention_scale=scale,
+            attn_softcap=cfg.get("attn_logit_softcapping") if arch.softcapping else None,
+            final_softcap=cfg.get("final_logit_softcapping") if arch.softcapping else None,
+            local_rope=local_rope,
+            local_rope_layers=tuple(i for i, sliding in enumerate(sliding_layers(cfg, arch, where) or []) if sliding)
+            if local_rope else (),
         )
 
 
@@ -123,6 +140,9 @@ class AttentionMetadata:
 
 
 class RMSNorm(nn.Module):
+    """HF Llama's RMSNorm. Gemma's `(1 + w)` form is this one with 1 + w folded into the weight at load (in
+    float32, as HF adds it: the float32 forward is bit-equal to HF's)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -159,18 +179,22 @@ class RotaryEmbedding(nn.Module):
 class Attention(nn.Module):
     """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce). With a `window`, each token
     attends to the last `window` positions up to its own (kernels/reference.py), else to all of them. `rotate`
-    False: a NoPE layer (no RoPE on q and k)."""
+    False: a NoPE layer (no RoPE on q and k). `local_rope`: the layer rotates by the model's second table
+    (Gemma 3's windowed layers). Scores are scaled by `cfg.attention_scale` and capped by `cfg.attn_softcap`."""
 
-    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None, rotate: bool = True) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None, rotate: bool = True,
+                 local_rope: bool = False) -> None:
         super().__init__()
         self.window = window
+        self.softcap = cfg.attn_softcap
+        self.local_rope = local_rope
         self.num_heads, self.num_kv_heads = cfg.num_heads // group.size, cfg.num_kv_heads // group.size
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, reduce_group=group)
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.head_dim**-0.5 if cfg.attention_scale is None else cfg.attention_scale
         self.rotate = rotate
         self.qk_norm = None
         if cfg.architecture.qk_norm is not None:
@@ -199,27 +223,30 @@ class Attention(nn.Module):
         ops.reshape_and_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode:
             out = ops.paged_attention_decode(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale, window=self.window
+                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale, window=self.window,
+                softcap=self.softcap,
             )
         else:
             out = ops.paged_attention_prefill(
                 q, key_cache, value_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
-                window=self.window,
+                window=self.window, softcap=self.softcap,
             )
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
 class MLP(nn.Module):
-    """This rank's intermediate rows: gate/up column-parallel, down row-parallel (one all-reduce)."""
+    """This rank's intermediate rows: gate/up column-parallel, down row-parallel (one all-reduce); the gate's
+    activation is the family's (`Architecture.activation`: SiLU, Gemma's tanh GELU)."""
 
     def __init__(self, cfg: ModelConfig, group: Group, intermediate_size: int | None = None) -> None:
         super().__init__()
+        self.activation = ACTIVATIONS[cfg.architecture.activation]
         intermediate = (intermediate_size or cfg.intermediate_size) // group.size
         self.gate_up_proj = Linear(cfg.hidden_size, [intermediate, intermediate])
         self.down_proj = Linear(intermediate, cfg.hidden_size, reduce_group=group)
 
     def forward(self, x: torch.Tensor, ops: ModuleType = reference) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(getattr(ops, self.activation)(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -232,7 +259,8 @@ class DecoderLayer(nn.Module):
         if cfg.mla:
             self.self_attn = LatentAttention(cfg, RMSNorm)
         else:
-            self.self_attn = Attention(cfg, group, cfg.window(index), rotate=index not in cfg.nope_layers)
+            self.self_attn = Attention(cfg, group, cfg.window(index), rotate=index not in cfg.nope_layers,
+                                       local_rope=index in cfg.local_rope_layers)
         if cfg.is_sparse(index):
             shared = cfg.moe.shared_intermediate_size
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, MLP(cfg, group, shared) if shared else None)
@@ -266,6 +294,8 @@ class LlamaForCausalLM(nn.Module):
         self.stack_windows = [cfg.window(i) or 0 for i in range(cfg.num_layers)] if any(cfg.windows) else []
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope)
+        self.local_rope = None if cfg.local_rope is None else RotaryEmbedding(
+            cfg.rope_dim, cfg.max_position_embeddings, cfg.local_rope)
         self.lm_head = Linear(cfg.hidden_size, self.embed_tokens.vocab_size)  # vocab-parallel, like the table
 
     @torch.inference_mode()
@@ -283,14 +313,18 @@ class LlamaForCausalLM(nn.Module):
         last layer past its K/V for those rows alone (a prompt of hundreds of tokens samples one: ~3% of a
         prefill's matmuls saved); the layer-by-layer path computes every row and picks them at the end."""
         h = self.embed_tokens(input_ids)
+        if self.cfg.architecture.scaled_embeddings:
+            # HF's normaliser: sqrt(hidden) as a float32 tensor, cast to the activations' dtype
+            h = h * torch.tensor(self.cfg.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
         rope = self.rope.tables(positions, h.dtype)
+        local = None if self.local_rope is None else self.local_rope.tables(positions, h.dtype)
         stack = self._stack_weights(ops)
         if stack is not None:
             return ops.decoder_layers(h, stack, kv_caches, *rope, meta.slot_mapping, meta.block_tables,
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
                                       self.layers[0].self_attn.scale, self.norm.eps, rows, self.stack_windows)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer.step(h, rope, kv_cache, meta, ops)
+            h = layer.step(h, local if getattr(layer.self_attn, "local_rope", False) else rope, kv_cache, meta, ops)
         return self.norm(h if rows is None else h[rows], ops)
 
     def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
@@ -320,8 +354,12 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """float32 logits over the whole vocabulary on rank 0 (each rank's shard gathered); None elsewhere."""
-        logits = self.group.gather_columns(self.lm_head(hidden).float())
+        """float32 logits over the whole vocabulary on rank 0 (each rank's shard gathered); None elsewhere.
+        A final soft cap (Gemma's final_logit_softcapping) applies in the model's dtype, as HF applies it."""
+        logits = self.lm_head(hidden)
+        if self.cfg.final_softcap is not None:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap
+        logits = self.group.gather_columns(logits.float())
         return None if logits is None else logits[:, : self.cfg.vocab_size]
 
 
@@ -344,6 +382,9 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
     model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope, max_model_len).to(device)
+    if cfg.local_rope is not None:
+        model.local_rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.local_rope,
+                                           max_model_len).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
                            WeightShards(cfg, group), cfg.architecture.fused_weights)
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
@@ -369,6 +410,8 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         value = take(name + ".weight")
         if module.weight.shape != value.shape:
             raise ValueError(f"{source}: {name} has shape {tuple(value.shape)}, expected {tuple(module.weight.shape)}")
+        if cfg.architecture.unit_offset_norms:  # Gemma's (1 + w), added in float32 as HF adds it
+            value = 1.0 + value.float()
         module.weight.data.copy_(value)
 
     def load_experts(module: SparseMoE, block: str) -> None:

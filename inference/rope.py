@@ -63,6 +63,23 @@ def rope_parameters(config: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
+def layer_rope_parameters(config: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Gemma 3's RoPE per layer type, (full attention's, sliding attention's), each as `rope_parameters` gives
+    it: from `rope_parameters` keyed by layer type (transformers 5), or as older files state them, `rope_theta`
+    and `rope_scaling` the full layers' and `rope_local_base_freq` the sliding layers' base; absent, HF's
+    defaults (1e6 global, 1e4 local). HF's Gemma3TextConfig.convert_rope_params_to_dict reads them so."""
+    given = config.get("rope_parameters")
+    if isinstance(given, dict) and given and set(given) <= {"full_attention", "sliding_attention"}:
+        full, local = dict(given.get("full_attention") or {}), dict(given.get("sliding_attention") or {})
+    else:
+        full, local = dict(given or config.get("rope_scaling") or {}), {}
+    full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", 10_000.0))
+    rest = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+    return tuple(rope_parameters({**rest, "rope_parameters": params}, f"{where} ({kind})")
+                 for params, kind in ((full, "full_attention"), (local, "sliding_attention")))
+
+
 def rotary_dim(params: dict[str, Any], head_dim: int) -> int:
     """How many leading dimensions of each head RoPE rotates (all but with `partial_rotary_factor` < 1)."""
     dim = int(head_dim * params.get("partial_rotary_factor", 1.0))

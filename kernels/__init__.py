@@ -20,7 +20,7 @@ from torch import Tensor
 from kernels import cpu_kernels, reference
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul", "get_backend", "BACKENDS"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "get_backend", "BACKENDS"]
 
 BACKENDS = (None, "auto", "triton", "cpu", "torch")
 
@@ -76,6 +76,11 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return _for(x).silu_and_mul(x)
 
 
+def gelu_tanh_and_mul(x: Tensor) -> Tensor:
+    """See ``kernels.reference.gelu_tanh_and_mul``."""
+    return _for(x).gelu_tanh_and_mul(x)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """See ``kernels.reference.rms_norm``."""
     return _for(x).rms_norm(x, weight, eps)
@@ -94,18 +99,19 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, scale: float, out: Tensor | None = None,
-                           window: int | None = None) -> Tensor:
+                           window: int | None = None, softcap: float | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_decode``."""
     return _for(query).paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
-                                              out=out, window=window)
+                                              out=out, window=window, softcap=softcap)
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None, window: int | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None,
+                            softcap: float | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_prefill``."""
     return _for(query).paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                               query_start_loc, scale, out=out, window=window)
+                                               query_start_loc, scale, out=out, window=window, softcap=softcap)
 
 
 def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapping: Tensor) -> None:

@@ -6,7 +6,8 @@ Attention reads K/V in place through the block tables with an online softmax in 
 blocked matmuls instead, on a contiguous copy of its blocks (``csrc/prompt_attention_cpu.cpp``). Float32,
 bfloat16 and float16 run in C++; other dtypes (float64) take the reference. ``rotary_embedding_`` rotates q and
 k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a row in one
-(``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``. ``decoder_layers`` runs a whole
+(``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``; Gemma's ``gelu_tanh_and_mul`` is the
+reference's (torch's own vectorised GELU, one op short of a fused pass). ``decoder_layers`` runs a whole
 model's layers for one step in one call (``csrc/decoder_cpu.cpp``), over the same kernels.
 ``reshape_and_cache`` writes each token's K and V rows with one copy each (``csrc/reshape_and_cache_cpu.cpp``);
 ``copy_blocks`` is the reference's (one ``index_copy_`` pass per layer, run only on copy-on-write).
@@ -36,9 +37,10 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul", "decoder_layers", "available", "unavailable_reason"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "decoder_layers", "available", "unavailable_reason"]
 
 copy_blocks = reference.copy_blocks
+gelu_tanh_and_mul = reference.gelu_tanh_and_mul
 
 _SOURCES_DIR = Path(__file__).with_name("csrc")
 _SOURCES = [_SOURCES_DIR / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
@@ -80,7 +82,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 def silu_and_mul(x: Tensor) -> Tensor:
     """See ``kernels.reference.silu_and_mul`` (one pass: ``csrc/silu_and_mul_cpu.cpp``)."""
-    validation.check_silu_and_mul(x)
+    validation.check_gated_activation(x)
     if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu" or x.dim() != 2 or x.stride(-1) != 1:
         return reference.silu_and_mul(x)
     return extension().silu_and_mul(x)
@@ -88,16 +90,18 @@ def silu_and_mul(x: Tensor) -> Tensor:
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, scale: float, out: Tensor | None = None,
-                           window: int | None = None) -> Tensor:
+                           window: int | None = None, softcap: float | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_decode``: a prefill where every sequence has one new token."""
     num_seqs = query.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_window(window)
+    validation.check_softcap(softcap)
     if query.dtype not in _NATIVE_DTYPES:
         return reference.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale,
-                                                out=out, window=window)
+                                                out=out, window=window, softcap=softcap)
     out = validation.output_for(query, out)
-    _run(out, query, key_cache, value_cache, block_tables, context_lens, _decode_starts(num_seqs), scale, window)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, _decode_starts(num_seqs), scale, window,
+         softcap)
     return out
 
 
@@ -109,21 +113,23 @@ def _decode_starts(num_seqs: int) -> Tensor:
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None, window: int | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None,
+                            softcap: float | None = None) -> Tensor:
     """See ``kernels.reference.paged_attention_prefill`` (same checks, same errors)."""
     num_seqs = block_tables.shape[0]
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
     validation.check_window(window)
+    validation.check_softcap(softcap)
     if query.dtype not in _NATIVE_DTYPES:
         return reference.paged_attention_prefill(query, key_cache, value_cache, block_tables, context_lens,
-                                                 query_start_loc, scale, out=out, window=window)
+                                                 query_start_loc, scale, out=out, window=window, softcap=softcap)
     starts = query_start_loc.to(torch.int32)
     _query_lens(starts, context_lens, query.shape[0])
     if query.device.type != "cpu":
         raise ValueError(f"the cpu backend needs CPU tensors, got {query.device}")
     out = validation.output_for(query, out)
-    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale, window)
+    _run(out, query, key_cache, value_cache, block_tables, context_lens, starts, scale, window, softcap)
     return out
 
 
@@ -136,7 +142,8 @@ def decoder_layers(hidden: Tensor, weights: list[Tensor], kv_caches: list[tuple[
     every token's K/V but runs the rest for those rows alone). ``weights`` holds six tensors per layer (input
     norm, packed q/k/v, packed o, post-attention norm, packed gate/up, packed down) and the final norm's last
     (``inference.model.LlamaForCausalLM``). ``windows`` holds each layer's sliding window (0: full attention),
-    or is empty where every layer is full. The metadata is checked once here, not once a layer."""
+    or is empty where every layer is full. No soft cap: a family with one departs from the Llama block and runs
+    layer by layer. The metadata is checked once here, not once a layer."""
     windows = windows or []
     if windows and (len(windows) != len(kv_caches) or any(w < 0 for w in windows)):
         raise ValueError(f"windows must hold one window >= 0 per layer ({len(kv_caches)}), got {windows}")
@@ -180,7 +187,8 @@ def prompt_min_query() -> int:
 
 
 def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-         context_lens: Tensor, query_start_loc: Tensor, scale: float, window: int | None) -> None:
+         context_lens: Tensor, query_start_loc: Tensor, scale: float, window: int | None,
+         softcap: float | None) -> None:
     """Hand contiguous-last-dim tensors of the right index dtypes to the C++ routine (few tensor ops: this
     runs once per layer per step)."""
     if query.device.type != "cpu":
@@ -194,7 +202,7 @@ def _run(out: Tensor, query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     # A context needing more blocks than block_tables has columns is refused (ValueError) by the C++ planner.
     extension().paged_attention(out, query, key_cache, value_cache, block_tables.to(torch.int32).contiguous(),
                                 context_lens.to(torch.int32).contiguous(), query_start_loc.contiguous(),
-                                float(scale), window or 0)
+                                float(scale), window or 0, float(softcap or 0.0))
 
 
 def cache_root() -> Path:

@@ -13,6 +13,10 @@ Sliding windows: with ``window=W`` (an int), a query at position p attends to th
 ``p - W < k <= p`` (W keys, its own included), as transformers' ``masking_utils.sliding_window_overlay``
 (``kv_idx > q_idx - sliding_window``) on top of the causal mask, for Mistral, Qwen2/3 and Gemma alike.
 ``window=None`` is full causal attention. Blocks wholly before every query's window are not read.
+
+Soft-capping (Gemma 2's ``attn_logit_softcapping``): with ``softcap=c`` each scaled score s becomes
+``c * tanh(s / c)`` before the mask and the softmax, as transformers' eager attention computes it; ``None``
+leaves the scores as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch import Tensor
 from kernels import validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul"]
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -50,9 +54,22 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 def silu_and_mul(x: Tensor) -> Tensor:
     """The gated MLP's activation: ``silu(gate) * up`` for ``x = [gate | up]`` (the fused gate_up output)."""
-    validation.check_silu_and_mul(x)
+    validation.check_gated_activation(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(x: Tensor) -> Tensor:
+    """Gemma's GeGLU activation: ``gelu_tanh(gate) * up`` for ``x = [gate | up]``, HF's ``gelu_pytorch_tanh``
+    (torch's tanh approximation of GELU, rounded to ``x``'s dtype before the product as HF rounds it)."""
+    validation.check_gated_activation(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def soft_cap(scores: Tensor, softcap: float | None) -> Tensor:
+    """``softcap * tanh(scores / softcap)`` (transformers' order of operations), or ``scores`` for None."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -79,9 +96,9 @@ def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, scale: float, out: Tensor | None = None,
-                           window: int | None = None) -> Tensor:
+                           window: int | None = None, softcap: float | None = None) -> Tensor:
     """One query token per sequence attending to its first ``context_lens[s]`` cached tokens (its last
-    ``window`` of them with a sliding window: see the module's docstring).
+    ``window`` of them with a sliding window; scores capped by ``softcap``: see the module's docstring).
 
     ``query: [num_seqs, num_heads, head_dim]``; query head h reads KV head ``h // (num_heads // kv_heads)``.
     A sequence with context length 0 gets a zero output (useful for padded batches). The result is written
@@ -89,16 +106,18 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     """
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, query.shape[0])
     validation.check_window(window)
+    validation.check_softcap(softcap)
     out = validation.output_for(query, out)
     if query.shape[0] == 0:
         return out
-    out.copy_(_decode_blockwise(query, key_cache, value_cache, block_tables, context_lens, scale, window))
+    out.copy_(_decode_blockwise(query, key_cache, value_cache, block_tables, context_lens, scale, window, softcap))
     return out
 
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None, window: int | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None,
+                            softcap: float | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Sequence s owns query rows ``query_start_loc[s]:query_start_loc[s+1]``; ``context_lens[s]`` counts all its
@@ -111,6 +130,7 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     validation.check_attention(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
     validation.check_window(window)
+    validation.check_softcap(softcap)
     starts = query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
     if bool((q_lens < 0).any()) or int(starts[-1]) != query.shape[0] or bool((q_lens > context_lens).any()):
@@ -122,11 +142,12 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     if single.numel():
         rows = starts[single]
         out[rows] = paged_attention_decode(query[rows], key_cache, value_cache, block_tables[single],
-                                           context_lens[single], scale, window=window)
+                                           context_lens[single], scale, window=window, softcap=softcap)
     for seq in (q_lens > 1).nonzero()[:, 0].tolist():
         start, q_len = int(starts[seq]), int(q_lens[seq])
         out[start:start + q_len] = _prefill_one(query[start:start + q_len], key_cache, value_cache,
-                                                block_tables[seq], int(context_lens[seq]), scale, window)
+                                                block_tables[seq], int(context_lens[seq]), scale, window,
+                                                softcap)
     return out
 
 
@@ -146,7 +167,7 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
 
 
 def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
-                      context_lens: Tensor, scale: float, window: int | None) -> Tensor:
+                      context_lens: Tensor, scale: float, window: int | None, softcap: float | None) -> Tensor:
     """Decode attention block by block, as PagedAttention computes it: no padding to the longest context.
 
     Every (sequence, logical block) pair that holds context becomes one row: its physical block's K/V are
@@ -178,7 +199,7 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
     eye = torch.eye(kv_heads, dtype=compute, device=device)
     grouped = query.to(compute).view(num_seqs, kv_heads, -1, head_dim) * scale
     block_diagonal = torch.einsum("skgd,kj->skgjd", grouped, eye).reshape(num_seqs, num_heads, -1)
-    scores = torch.bmm(block_diagonal[seq], keys.transpose(1, 2))                       # [pairs, heads, block]
+    scores = soft_cap(torch.bmm(block_diagonal[seq], keys.transpose(1, 2)), softcap)     # [pairs, heads, block]
     scores.masked_fill_(unseen[:, None], float("-inf"))
     seq_max = torch.full((num_seqs, num_heads), float("-inf"), dtype=compute, device=device)
     seq_max.scatter_reduce_(0, seq[:, None].expand(-1, num_heads), scores.amax(-1), "amax")
@@ -193,7 +214,7 @@ def _decode_blockwise(query: Tensor, key_cache: Tensor, value_cache: Tensor, blo
 
 
 def _prefill_one(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor, context_len: int,
-                 scale: float, window: int | None) -> Tensor:
+                 scale: float, window: int | None, softcap: float | None) -> Tensor:
     """Causal attention of one sequence's ``q_len`` new tokens over its ``context_len`` cached tokens.
 
     One SDPA call per prefilling sequence: a step holds few of them, and unpadded calls neither compute
@@ -214,6 +235,11 @@ def _prefill_one(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_ta
     mask = key_positions <= positions[:, None]  # [q_len, keys]
     if window is not None:
         mask &= key_positions > positions[:, None] - window
+    if softcap is not None:  # SDPA cannot cap its scores: the eager product, softmax and product
+        q, k, v = query.to(compute).transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
+        k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
+        scores = soft_cap(torch.matmul(q, k.transpose(1, 2)) * scale, softcap).masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(query.dtype)
     out = F.scaled_dot_product_attention(
         query.to(compute).transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
         attn_mask=mask, scale=scale, enable_gqa=True)                                   # [1, heads, q_len, D]

@@ -7,7 +7,10 @@ are split into partitions computed in parallel and merged by log-sum-exp (PagedA
 
 A sliding window (``window``, as ``kernels.reference`` defines it) is a compile-time switch (``SLIDING``), so the
 full-attention kernels compile exactly as without it: with it, decode starts at the window's first position and
-prefill tiles at their first row's, and prefill masks each row's keys before its own window.
+prefill tiles at their first row's, and prefill masks each row's keys before its own window. Soft-capping
+(``softcap``, Gemma 2) is one too (``SOFTCAP``): the scaled score in natural units is capped, ``c * tanh(s / c)``
+(tanh as ``1 - 2 / (exp(2x) + 1)``: triton.language has no tanh), then taken to the log2 units the kernels'
+``exp2`` softmax works in.
 
 Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1`` (set before triton is imported).
 """
@@ -24,12 +27,13 @@ from torch import Tensor
 from kernels import reference, validation
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul"]
 
 # Elementwise on the GPU already: torch's ops run them well enough beside the attention kernels.
 rotary_embedding_ = reference.rotary_embedding_
 rms_norm = reference.rms_norm
 silu_and_mul = reference.silu_and_mul
+gelu_tanh_and_mul = reference.gelu_tanh_and_mul
 
 #: Tokens per decode partition; contexts longer than this are split across programs and merged.
 PARTITION_SIZE = 512
@@ -58,7 +62,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                            context_lens: Tensor, scale: float, out: Tensor | None = None,
-                           window: int | None = None) -> Tensor:
+                           window: int | None = None, softcap: float | None = None) -> Tensor:
     """One query token per sequence attending to its first ``context_lens[s]`` cached tokens (into ``out``).
 
     The partition count comes from the block-table width (no device sync): programs whose partition lies past
@@ -66,6 +70,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     """
     _check_attention_inputs(query, key_cache, value_cache, block_tables, context_lens, block_tables.shape[0])
     validation.check_window(window)
+    validation.check_softcap(softcap)
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
     out = validation.output_for(query, out)
@@ -74,7 +79,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
     max_context = max(1, block_tables.shape[1] * block_size)
     num_partitions = triton.cdiv(max_context, PARTITION_SIZE)
     meta = decode_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, num_partitions,
-                             window is not None)
+                             window is not None, softcap is not None)
     if meta["SPLIT"]:
         part_out = torch.empty(num_seqs, num_heads, num_partitions, head_dim, dtype=torch.float32,
                                device=query.device)
@@ -84,7 +89,7 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
         part_out = part_max = part_sum = out  # unused when not split
     _decode_kernel[(num_seqs, kv_heads, num_partitions)](
         out, part_out, part_max, part_sum, query, key_cache, value_cache, block_tables, context_lens,
-        scale * _LOG2E, num_partitions, window or 0,
+        scale * _LOG2E, num_partitions, window or 0, float(softcap or 0.0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
@@ -97,7 +102,8 @@ def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor
 
 def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                             context_lens: Tensor, query_start_loc: Tensor, scale: float,
-                            out: Tensor | None = None, window: int | None = None) -> Tensor:
+                            out: Tensor | None = None, window: int | None = None,
+                            softcap: float | None = None) -> Tensor:
     """Causal attention for a flattened varlen batch of new tokens, reading all K/V through block tables.
 
     Semantics as ``kernels.reference.paged_attention_prefill``. The grid has ``num_tokens // BLOCK_Q +
@@ -108,15 +114,17 @@ def paged_attention_prefill(query: Tensor, key_cache: Tensor, value_cache: Tenso
     _check_attention_inputs(query, key_cache, value_cache, block_tables, context_lens, num_seqs)
     validation.check_query_start_loc(query_start_loc, num_seqs)
     validation.check_window(window)
+    validation.check_softcap(softcap)
     num_tokens, num_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = key_cache.shape
     out = validation.output_for(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    meta = prefill_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, window is not None)
+    meta = prefill_constexprs(num_heads, kv_heads, head_dim, block_size, query.dtype, window is not None,
+                              softcap is not None)
     _prefill_kernel[(num_tokens // meta["BLOCK_Q"] + num_seqs, kv_heads)](
         out, query, key_cache, value_cache, block_tables, context_lens, query_start_loc,
-        scale * _LOG2E, num_seqs, window or 0,
+        scale * _LOG2E, num_seqs, window or 0, float(softcap or 0.0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0), **meta)
@@ -149,12 +157,13 @@ def copy_blocks(key_caches: list[Tensor], value_caches: list[Tensor], block_mapp
 
 
 def decode_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-                      num_partitions: int, sliding: bool = False) -> dict:
+                      num_partitions: int, sliding: bool = False, softcap: bool = False) -> dict:
     """Compile-time parameters of ``_decode_kernel`` for one model shape (also used by the compile check)."""
     group = num_heads // kv_heads
     return dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
                 DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size, BLOCK_N=64,
-                PARTITION=PARTITION_SIZE, SPLIT=num_partitions > 1, DOT_FP32=_dot_in_fp32(dtype), SLIDING=sliding)
+                PARTITION=PARTITION_SIZE, SPLIT=num_partitions > 1, DOT_FP32=_dot_in_fp32(dtype), SLIDING=sliding,
+                SOFTCAP=softcap)
 
 
 def merge_constexprs(head_dim: int, num_partitions: int) -> dict:
@@ -164,13 +173,13 @@ def merge_constexprs(head_dim: int, num_partitions: int) -> dict:
 
 
 def prefill_constexprs(num_heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-                       sliding: bool = False) -> dict:
+                       sliding: bool = False, softcap: bool = False) -> dict:
     """Compile-time parameters of ``_prefill_kernel``: BLOCK_M rows = BLOCK_Q tokens x GROUP query heads."""
     group = num_heads // kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     return dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
                 BLOCK_M=block_m, BLOCK_Q=block_m // group, BLOCK_N=32, DOT_FP32=_dot_in_fp32(dtype),
-                SLIDING=sliding)
+                SLIDING=sliding, SOFTCAP=softcap)
 
 
 def reshape_and_cache_constexprs(block_size: int, kv_heads: int, head_dim: int) -> dict:
@@ -231,13 +240,14 @@ def _reshape_and_cache_kernel(key_ptr, value_ptr, key_cache_ptr, value_cache_ptr
 @triton.jit
 def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, start, limit, allowed_to,
                  allowed_from, kv_head, stride_kb, stride_ko, stride_kh, stride_vb, stride_vo, stride_vh, scale_log2,
-                 HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 DOT_FP32: tl.constexpr, WINDOWED: tl.constexpr):
+                 softcap, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr, WINDOWED: tl.constexpr, SOFTCAP: tl.constexpr):
     """One online-softmax step over KV positions ``start..start+BLOCK_N`` (those ``< limit``).
 
     ``allowed_to[r]`` is the last position row r may see (causality), and where ``WINDOWED``
     ``allowed_from[r]`` the first (its sliding window: a row may then see nothing of a tile, so a row's max
-    stays -inf and is taken as 0 to keep its sums 0 rather than NaN); scores are in log2 units.
+    stays -inf and is taken as 0 to keep its sums 0 rather than NaN); scores are in log2 units, capped first
+    in natural units where ``SOFTCAP``.
     """
     positions = start + tl.arange(0, BLOCK_N)
     in_range = positions < limit
@@ -256,7 +266,12 @@ def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, st
     visible = in_range[None, :] & (positions[None, :] <= allowed_to[:, None])
     if WINDOWED:
         visible = visible & (positions[None, :] >= allowed_from[:, None])
-    scores = tl.where(visible, scores * scale_log2, float("-inf"))
+    if SOFTCAP:  # x = (scores * scale) / softcap; softcap * tanh(x), in log2 units
+        x = scores * (scale_log2 / (1.4426950408889634 * softcap))
+        scores = (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)) * (softcap * 1.4426950408889634)
+    else:
+        scores = scores * scale_log2
+    scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     if WINDOWED:
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -274,12 +289,12 @@ def _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, st
 
 @triton.jit
 def _decode_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr, key_cache_ptr,
-                   value_cache_ptr, block_tables_ptr, context_lens_ptr, scale_log2, num_partitions, window,
+                   value_cache_ptr, block_tables_ptr, context_lens_ptr, scale_log2, num_partitions, window, softcap,
                    stride_qs, stride_qh, stride_os, stride_oh, stride_kb, stride_ko, stride_kh,
                    stride_vb, stride_vo, stride_vh, stride_bt,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION: tl.constexpr,
-                   SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, SLIDING: tl.constexpr):
+                   SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr):
     """Program (seq, kv_head, partition): the GROUP query heads of one KV head over one partition. With a window
     the tiles start at its first position, so nothing before it is read or masked (a partition wholly before it
     stores an empty softmax, weight 0 in the merge)."""
@@ -309,8 +324,8 @@ def _decode_kernel(out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, query_ptr,
     for tile in range(start, end, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, tile, end,
                                      allowed_to, allowed_to, kv_head, stride_kb, stride_ko, stride_kh, stride_vb,
-                                     stride_vo, stride_vh, scale_log2, HEAD_DIM, DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                                     DOT_FP32, False)
+                                     stride_vo, stride_vh, scale_log2, softcap, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
+                                     BLOCK_N, DOT_FP32, False, SOFTCAP)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if SPLIT:
         part = (seq * GROUP * tl.num_programs(1) + heads) * num_partitions + partition
@@ -362,12 +377,12 @@ def _find_sequence(query_start_loc_ptr, program, num_seqs, BLOCK_Q: tl.constexpr
 
 @triton.jit
 def _prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, context_lens_ptr,
-                    query_start_loc_ptr, scale_log2, num_seqs, window,
+                    query_start_loc_ptr, scale_log2, num_seqs, window, softcap,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ko, stride_kh,
                     stride_vb, stride_vo, stride_vh, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-                    DOT_FP32: tl.constexpr, SLIDING: tl.constexpr):
+                    DOT_FP32: tl.constexpr, SLIDING: tl.constexpr, SOFTCAP: tl.constexpr):
     """Program (query tile, kv_head): BLOCK_Q new tokens x GROUP query heads, packed as BLOCK_M rows. With a
     window, the KV tiles start at the first row's first visible position."""
     program = tl.program_id(0)
@@ -401,8 +416,8 @@ def _prefill_kernel(out_ptr, query_ptr, key_cache_ptr, value_cache_ptr, block_ta
     for kv_start in range(first_key, limit, BLOCK_N):
         m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, key_cache_ptr, value_cache_ptr, table_ptr, kv_start, limit,
                                      position, position + 1 - window, kv_head, stride_kb, stride_ko, stride_kh,
-                                     stride_vb, stride_vo, stride_vh, scale_log2, HEAD_DIM, DIM_PAD, BLOCK_SIZE,
-                                     BLOCK_N, DOT_FP32, SLIDING)
+                                     stride_vb, stride_vo, stride_vh, scale_log2, softcap, HEAD_DIM, DIM_PAD,
+                                     BLOCK_SIZE, BLOCK_N, DOT_FP32, SLIDING, SOFTCAP)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + token)[:, None].to(tl.int64) * stride_ot + heads[:, None] * stride_oh
              + dims[None, :], acc.to(out_ptr.dtype.element_ty), mask=q_mask)

@@ -69,8 +69,8 @@ def check_rms_norm(x: Tensor, weight: Tensor) -> None:
                          f"got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
 
 
-def check_silu_and_mul(x: Tensor) -> None:
-    """``x: [..., 2 * inter]``: a fused [gate | up] output."""
+def check_gated_activation(x: Tensor) -> None:
+    """``x: [..., 2 * inter]``: a fused [gate | up] output (``silu_and_mul``, ``gelu_tanh_and_mul``)."""
     if x.dim() < 1 or x.shape[-1] % 2:
         raise ValueError(f"x must be [..., 2 * inter] (gate then up), got {tuple(x.shape)}")
 
@@ -107,3 +107,9 @@ def check_window(window: int | None) -> None:
     """A sliding window is None (full attention) or a positive number of tokens."""
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
         raise ValueError(f"window must be None or a positive int, got {window!r}")
+
+
+def check_softcap(softcap: float | None) -> None:
+    """An attention-logit soft cap is None (no capping) or a positive number."""
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap <= 0):
+        raise ValueError(f"softcap must be None or a positive number, got {softcap!r}")

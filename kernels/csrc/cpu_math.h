@@ -189,6 +189,12 @@ inline fvec vexp2_bounded(fvec y) {
 // exp(x) for x <= 0 (a score minus its running max): relative error ~1e-7 (float32 rounding); -inf gives 2^-126.
 inline float exp_nonpositive(float x) { return exp2_bounded(std::max(x * LOG2_E, -126.f)); }
 
+// Attention-logit soft-capping (Gemma 2): s = cap * tanh(s / cap) over p[0..n), in HF's order of operations.
+// Callers test cap > 0 first, so a model without a cap pays one predictable branch per block of scores.
+inline void soft_cap(float* __restrict p, int64_t n, float cap) {
+  for (int64_t t = 0; t < n; ++t) p[t] = std::tanh(p[t] / cap) * cap;
+}
+
 // Over a row's scores p[0..n) (one block's, or a whole row), with `running_max` the row's max so far: the new max, and
 // p[t] replaced by exp(p[t] - max); returns their sum. A register of scores at a time, the tail one by one
 // (the scalar loops do not vectorise: floor and the exponent's bit cast stay scalar).

@@ -25,7 +25,7 @@ void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key
                        torch::Tensor slot_mapping);                                     // reshape_and_cache_cpu.cpp
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
-                     double scale, int64_t window);                                     // paged_attention_cpu.cpp
+                     double scale, int64_t window, double softcap);                     // paged_attention_cpu.cpp
 
 namespace {
 
@@ -104,7 +104,7 @@ torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> we
     }
     torch::Tensor attn = torch::empty({q.size(0), num_heads, head_dim}, hidden.options());
     paged_attention(attn, q, key_caches[i], value_caches[i], tables, lens, starts, scale,
-                    windows.empty() ? 0 : windows[i]);
+                    windows.empty() ? 0 : windows[i], 0.0);
     h = h + packed_linear(attn.view({q.size(0), q_size}), w[2]);
     x = rms_norm(h, w[3], eps);
     h = h + packed_linear(silu_and_mul(packed_linear(x, w[4])), w[5]);

@@ -6,6 +6,8 @@
 // positions p - window < k <= p (transformers' sliding_window_overlay; kernels/reference.py): an item starts at the
 // block holding its first row's first visible key, never reading the blocks before, and each row's scores start
 // at its own first visible key. window == 0 (full attention) adds one predictable branch per row and block.
+// softcap > 0 caps each scaled score (cap * tanh(score / cap), Gemma 2); 0, no cap, is one predictable branch
+// per row and block too.
 //
 // A prompt (PROMPT_MIN_QUERY or more new rows: a whole prompt, or a long suffix after a prefix hit) goes through
 // prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 2.5-3x faster than flash attention in bfloat16); the other sequences here.
@@ -268,8 +270,8 @@ template <typename T, int64_t HEAD_DIM>
 void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t q_s1, const T* k, const T* v,
                  int64_t c_s0, int64_t c_s1, int64_t c_s2, const int32_t* tables, int64_t t_s0,
                  const uint8_t* shared_blocks,
-                 int64_t block_size, int64_t group, int64_t runtime_head_dim, float scale, int64_t window, T* out,
-                 int64_t o_s0, int64_t o_s1) {
+                 int64_t block_size, int64_t group, int64_t runtime_head_dim, float scale, int64_t window,
+                 float softcap, T* out, int64_t o_s0, int64_t o_s1) {
   const int64_t head_dim = HEAD_DIM > 0 ? HEAD_DIM : runtime_head_dim;
   constexpr BlockRead read = block_read<T, HEAD_DIM>();
   const int64_t tokens = it.q_end - it.q_begin;
@@ -323,6 +325,7 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
           block_scores<HEAD_DIM>(buf.q.data() + r * head_dim, kh + lower * row_stride, row_stride, limit - lower,
                                  head_dim, pr + lower);
         }
+        if (softcap > 0.f) soft_cap(pr + lower, limit - lower, softcap);
         const float old_max = buf.row_max[r];
         float new_max;
         const float sum = exponentiate(pr + lower, limit - lower, old_max, &new_max);
@@ -787,22 +790,23 @@ std::vector<uint8_t> shared_blocks(const torch::Tensor& block_tables, const torc
 
 void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                       torch::Tensor table, int64_t start, int64_t end, int64_t context, double scale,
-                      int64_t window);  // prompt_attention_cpu.cpp
+                      int64_t window, double softcap);  // prompt_attention_cpu.cpp
 
 // query [tokens, heads, head_dim] (last dim contiguous), caches [blocks, block_size, kv_heads, head_dim]
 // (last dim contiguous), block_tables [seqs, width] int32, context_lens [seqs] int32, query_start_loc
-// [seqs + 1] int32, out like query (contiguous); window: the sliding window in tokens, 0 for full attention.
-// Shapes and value ranges are checked by the Python caller.
+// [seqs + 1] int32, out like query (contiguous); window: the sliding window in tokens, 0 for full attention;
+// softcap: the attention-logit soft cap, 0 for none. Shapes and value ranges are checked by the Python caller.
 void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start_loc,
-                     double scale, int64_t window) {
+                     double scale, int64_t window, double softcap) {
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   // bfloat16 items run on AMX tiles where the OS grants them (blocks of 16 rows or a multiple: their unit of keys),
-  // and then take prompts of up to TILE_MIN_PROMPT new rows too. A sliding window keeps to attend_item (the tile
-  // routines mask causally only).
+  // and then take prompts of up to TILE_MIN_PROMPT new rows too. A sliding window or a soft cap keeps to
+  // attend_item (the tile routines mask causally only, and do not cap).
   const bool tiles = AMX_ATTENTION && query.scalar_type() == at::kBFloat16 && (head_dim == 64 || head_dim == 128) &&
-                     block_size % 16 == 0 && window == 0 && tiled_weights_available();
+                     block_size % 16 == 0 && window == 0 && softcap == 0 &&
+                     tiled_weights_available();
   const int64_t prompt_min = tiles ? TILE_MIN_PROMPT : PROMPT_MIN_QUERY;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
                                        block_tables.size(1), at::get_num_threads(), prompt_min, window);
@@ -816,7 +820,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
   std::sort(prompts.begin(), prompts.end(), std::greater<>());
   auto attend_prompt = [&](int64_t s) {
     prompt_attention(out, query, key_cache, value_cache, block_tables[s], starts[s], starts[s + 1], contexts[s], scale,
-                     window);
+                     window, softcap);
   };
   if (prompts.size() == 1) {
     attend_prompt(prompts[0].second);  // its matmuls use every thread
@@ -892,7 +896,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
             attend_item<scalar_t, HEAD_DIM>(
                 items[i], buf, q, query.stride(0), query.stride(1), k, v, key_cache.stride(0), key_cache.stride(1),
                 key_cache.stride(2), tables, block_tables.stride(0), shared.data(), block_size, group, head_dim,
-                static_cast<float>(scale), window, o, out.stride(0), out.stride(1));
+                static_cast<float>(scale), window, static_cast<float>(softcap), o, out.stride(0), out.stride(1));
           }
         }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)

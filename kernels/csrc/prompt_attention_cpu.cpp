@@ -19,7 +19,8 @@
 //
 // With a sliding window (window > 0: a token at position p sees keys p - window < k <= p, kernels/reference.py)
 // only the blocks from the one holding the first row's first visible key are gathered, and each tile's product
-// starts at the first key its first row sees.
+// starts at the first key its first row sees. With a soft cap (softcap > 0, Gemma 2) each scaled score is capped
+// (cap * tanh(score / cap)) before the softmax, and the flash path, which cannot cap, is not taken.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -37,9 +38,10 @@ namespace {
 constexpr int64_t QUERY_TILE = 64;
 constexpr int64_t FLASH_MIN_QUERY = 64;
 
-// One row of scores s[0..n) in place: softmax(scale * s) over the first `visible`, zeros after, rounded to T.
+// One row of scores s[0..n) in place: softmax(scale * s) (capped first where softcap > 0) over the first
+// `visible`, zeros after, rounded to T.
 template <typename T>
-void softmax_row(T* s, int64_t n, int64_t visible, float scale, float* buf) {
+void softmax_row(T* s, int64_t n, int64_t visible, float scale, float softcap, float* buf) {
   int64_t t = 0;
 #if FVEC_WIDTH
   if constexpr (has_fvec_io<T>) {
@@ -47,6 +49,7 @@ void softmax_row(T* s, int64_t n, int64_t visible, float scale, float* buf) {
   }
 #endif
   for (; t < visible; ++t) buf[t] = static_cast<float>(s[t]) * scale;
+  if (softcap > 0.f) soft_cap(buf, visible, softcap);
   float max;
   const float inv = 1.f / exponentiate(buf, visible, -std::numeric_limits<float>::infinity(), &max);
   t = 0;
@@ -64,7 +67,7 @@ void softmax_row(T* s, int64_t n, int64_t visible, float scale, float* buf) {
 // with a window only its last `window` of them.
 template <typename T>
 void softmax_tile(torch::Tensor scores, int64_t group, int64_t first_pos, int64_t key_start, int64_t window,
-                  float scale) {
+                  float scale, float softcap) {
   const int64_t heads = scores.size(0), rows = scores.size(1), keys = scores.size(2);
   T* data = scores.data_ptr<T>();
   at::parallel_for(0, heads * rows, 16, [&](int64_t begin, int64_t end) {
@@ -75,7 +78,7 @@ void softmax_tile(torch::Tensor scores, int64_t group, int64_t first_pos, int64_
       const int64_t first = window ? std::max<int64_t>(0, position + 1 - window - key_start) : 0;
       T* row = data + r * keys;
       std::fill(row, row + first, static_cast<T>(0.f));
-      softmax_row<T>(row + first, keys - first, visible - first, scale, buf.data());
+      softmax_row<T>(row + first, keys - first, visible - first, scale, softcap, buf.data());
     }
   });
 }
@@ -94,11 +97,12 @@ bool tiled_weights_available();  // weight_only_cpu.cpp: AMX built in, and grant
 // query [tokens, heads, head_dim] (heads and dims contiguous), caches [blocks, block_size, kv_heads, head_dim]
 // (contiguous), table: the sequence's block ids (int32, at least ceil(context / block_size) of them). Rows
 // start..end of query are the sequence's new tokens, the last end - start of its `context`; their outputs go to
-// the same rows of out (like query, contiguous); window: the sliding window in tokens, 0 for full attention.
+// the same rows of out (like query, contiguous); window: the sliding window in tokens, 0 for full attention;
+// softcap: the attention-logit soft cap, 0 for none.
 // Checked by the Python caller (kernels.cpu_kernels).
 void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                       torch::Tensor table, int64_t start, int64_t end, int64_t context, double scale,
-                      int64_t window) {
+                      int64_t window, double softcap) {
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   const int64_t q_len = end - start, offset = context - q_len;
@@ -118,7 +122,7 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
   const at::ScalarType dtype = query.scalar_type();
   const at::ScalarType math = dtype == at::kBFloat16 && !bf16_arithmetic() ? at::kFloat : dtype;  // the products'
   const torch::Tensor keys = gather(key_cache).to(math), values = gather(value_cache).to(math);
-  if (dtype == at::kBFloat16 && q_len >= FLASH_MIN_QUERY && tiled_weights_available()) {
+  if (dtype == at::kBFloat16 && q_len >= FLASH_MIN_QUERY && softcap == 0 && tiled_weights_available()) {
     // Token i (position offset + i) sees keys 0..offset + i: the causal mask aligned to the bottom right; with a
     // window, from offset + i - window + 1 on. Key j of the gathered ones is at position base + j.
     torch::Tensor visible = torch::ones({q_len, gathered}, query.options().dtype(torch::kBool)).tril(offset - base);
@@ -138,11 +142,11 @@ void prompt_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_
     const int64_t from = window ? std::max<int64_t>(base, offset + a + 1 - window) : 0;
     torch::Tensor scores = at::bmm(q.narrow(1, a * group, (b - a) * group),
                                    keys.narrow(1, from - base, seen - from).transpose(1, 2)).to(dtype);
-    const float s = static_cast<float>(scale);
+    const float s = static_cast<float>(scale), cap = static_cast<float>(softcap);
     switch (scores.scalar_type()) {
-      case at::kFloat: softmax_tile<float>(scores, group, offset + a, from, window, s); break;
-      case at::kBFloat16: softmax_tile<c10::BFloat16>(scores, group, offset + a, from, window, s); break;
-      case at::kHalf: softmax_tile<c10::Half>(scores, group, offset + a, from, window, s); break;
+      case at::kFloat: softmax_tile<float>(scores, group, offset + a, from, window, s, cap); break;
+      case at::kBFloat16: softmax_tile<c10::BFloat16>(scores, group, offset + a, from, window, s, cap); break;
+      case at::kHalf: softmax_tile<c10::Half>(scores, group, offset + a, from, window, s, cap); break;
       default: TORCH_CHECK(false, "prompt_attention (CPU) supports float32, bfloat16 and float16, got ",
                            scores.scalar_type());
     }

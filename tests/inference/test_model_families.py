@@ -14,7 +14,8 @@ longer than original_max_position_embeddings (the long factors throughout).
 import pytest
 import torch
 from transformers import (
-    AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+    Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig,
     MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
     Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
     Qwen3MoeForCausalLM, SmolLM3Config, SmolLM3ForCausalLM,
@@ -91,6 +92,18 @@ FAMILIES = {
     "phi3-window": (Phi3ForCausalLM, Phi3Config(**PHI3_SHAPE, sliding_window=20, partial_rotary_factor=0.75)),
     "smollm3-window": (SmolLM3ForCausalLM, SmolLM3Config(**FAMILY_SHAPE, no_rope_layer_interval=2, pad_token_id=None,
                                                          use_sliding_window=True, sliding_window=20)),
+    # Gemma 2: windows on layer 0 (of 2), query_pre_attn_scalar apart from head_dim, and an attention soft cap
+    # small enough to bend these scores (the token-for-token check fails without it). HF's soft cap needs its
+    # eager attention.
+    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**FAMILY_SHAPE, sliding_window=20, query_pre_attn_scalar=48,
+                                               attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                               attn_implementation="eager")),
+    # Gemma 3: q/k norms, two sliding layers with their own RoPE base, then a full one with linear scaling.
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
+        **{**FAMILY_SHAPE, "num_hidden_layers": 3}, sliding_window=18, query_pre_attn_scalar=80,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}})),
 }
 
 

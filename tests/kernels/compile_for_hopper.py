@@ -8,6 +8,7 @@ TRITON_INTERPRET unset or 0: ``python tests/kernels/compile_for_hopper.py fp16 b
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import torch
@@ -32,7 +33,7 @@ def compile_kernel(kernel, pointers: dict[str, str], constexprs: dict) -> None:
         elif name in pointers:
             signature[name] = "*" + pointers[name]
         else:
-            signature[name] = "fp32" if name.startswith("scale") else "i32"
+            signature[name] = "fp32" if name.startswith("scale") or name == "softcap" else "i32"
     triton.compile(ASTSource(kernel, signature, constexprs), target=HOPPER)
 
 
@@ -42,15 +43,17 @@ def compile_all(dtype: str) -> None:
     tables = dict(block_tables_ptr="i32", context_lens_ptr="i32")
     caches = dict(key_cache_ptr=dtype, value_cache_ptr=dtype)
     for heads, kv_heads, head_dim, block_size in MODEL_SHAPES:
-        for sliding in (False, True):  # full attention, and a sliding window
+        # full attention and a sliding window, each with and without Gemma 2's soft cap
+        for sliding, softcap in itertools.product((False, True), repeat=2):
             for partitions in (1, 8):
                 compile_kernel(tk._decode_kernel,
                                dict(out_ptr=dtype, query_ptr=dtype, **partials, **caches, **tables),
                                tk.decode_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, partitions,
-                                                    sliding))
+                                                    sliding, softcap))
             compile_kernel(tk._prefill_kernel,
                            dict(out_ptr=dtype, query_ptr=dtype, query_start_loc_ptr="i32", **caches, **tables),
-                           tk.prefill_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, sliding))
+                           tk.prefill_constexprs(heads, kv_heads, head_dim, block_size, torch_dtype, sliding,
+                                                 softcap))
         compile_kernel(tk._merge_partitions_kernel, dict(out_ptr=dtype, context_lens_ptr="i32", **partials),
                        tk.merge_constexprs(head_dim, 8))
         compile_kernel(tk._reshape_and_cache_kernel,

@@ -59,9 +59,10 @@ def build_case(*, block_size: int, num_heads: int, kv_heads: int, head_dim: int,
                      keys, values, 1.0 / math.sqrt(head_dim))
 
 
-def dense_attention(case: PagedCase, window: int | None = None) -> Tensor:
+def dense_attention(case: PagedCase, window: int | None = None, softcap: float | None = None) -> Tensor:
     """Float64 causal GQA attention from the contiguous K/V: the oracle for both backends. With a ``window``, a
-    query at position p sees only keys p - window < k <= p (transformers' sliding_window_overlay)."""
+    query at position p sees only keys p - window < k <= p (transformers' sliding_window_overlay); with a
+    ``softcap`` each scaled score s is ``softcap * tanh(s / softcap)`` (Gemma 2's eager attention)."""
     out = torch.zeros(case.query.shape, dtype=torch.float64, device=case.query.device)
     group = case.query.shape[1] // case.key_cache.shape[2]
     starts = case.query_start_loc.tolist()
@@ -73,6 +74,8 @@ def dense_attention(case: PagedCase, window: int | None = None) -> Tensor:
         k = k.double().repeat_interleave(group, dim=1)
         v = v.double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * case.scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         positions = torch.arange(length - q_len, length, device=q.device)
         future = torch.arange(length, device=q.device)[None, :] > positions[:, None]
         if window is not None:

@@ -59,27 +59,29 @@ def make_case(block_size: int, ratio: int, head_dim: int, dtype: str, query_lens
                       seed=block_size * 1000 + ratio * 100 + head_dim + len(dtype), device=device)
 
 
-def run_decode(ops: ModuleType, case: PagedCase, window: int | None = None) -> torch.Tensor:
+def run_decode(ops: ModuleType, case: PagedCase, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
     out = poisoned_like(case.query)
     result = ops.paged_attention_decode(case.query, case.key_cache, case.value_cache, case.block_tables,
-                                        case.context_lens, case.scale, out=out, window=window)
+                                        case.context_lens, case.scale, out=out, window=window, softcap=softcap)
     assert result is out
     return out
 
 
-def run_prefill(ops: ModuleType, case: PagedCase, window: int | None = None) -> torch.Tensor:
+def run_prefill(ops: ModuleType, case: PagedCase, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
     out = poisoned_like(case.query)
     result = ops.paged_attention_prefill(case.query, case.key_cache, case.value_cache, case.block_tables,
                                          case.context_lens, case.query_start_loc, case.scale, out=out,
-                                         window=window)
+                                         window=window, softcap=softcap)
     assert result is out
     return out
 
 
 def check_both(case: PagedCase, kernel_out: torch.Tensor, reference_out: torch.Tensor,
-               window: int | None = None) -> None:
+               window: int | None = None, softcap: float | None = None) -> None:
     dtype = case.query.dtype
-    expected = dense_attention(case, window)
+    expected = dense_attention(case, window, softcap)
     assert_close_to(reference_out, expected, dtype)
     assert_close_to(kernel_out, expected, dtype)
     assert_close_to(kernel_out, reference_out, dtype)
@@ -287,3 +289,40 @@ def test_a_bad_window_is_refused(request, device, backend, window):
         run_decode(ops, case, window)
     with pytest.raises(ValueError, match="window"):
         run_prefill(ops, case, window)
+
+
+def sharpen(case: PagedCase, factor: float) -> PagedCase:
+    """The case with its queries scaled up, so scores reach well past a small soft cap (the random cases'
+    scores are mostly below 1, where tanh barely bends)."""
+    return dataclasses.replace(case, query=case.query * factor)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize(("block_size", "ratio", "head_dim", "dtype"), MATRIX[:len(FAST)])
+def test_soft_capping_matches_reference_and_dense(ops, device, block_size, ratio, head_dim, dtype, window):
+    """Gemma 2's attention-logit soft cap (``softcap * tanh(scaled score / softcap)`` before the mask and the
+    softmax), with and without a window: decode, and prefill through the row-by-row path and the C++ matmul
+    path (prompts of 40 and 70 new tokens), against the float64 dense oracle; the cap must change the output
+    (a kernel ignoring it fails)."""
+    cap = 2.0
+    decode = sharpen(make_case(block_size, ratio, head_dim, dtype, None, device,
+                               [0] + context_lengths(block_size) + [130]), 8.0)
+    check_both(decode, run_decode(ops, decode, window, cap), run_decode(reference, decode, window, cap), window,
+               cap)
+    contexts = [1, block_size + 1, 40 + 3 * block_size, 3 * block_size + 5, 40, 70]
+    query_lens = [1, block_size + 1, 3, 2 * block_size + 3, 40, 70]
+    prefill = sharpen(make_case(block_size, ratio, head_dim, dtype, query_lens, device, contexts), 8.0)
+    capped = run_prefill(ops, prefill, window, cap)
+    check_both(prefill, capped, run_prefill(reference, prefill, window, cap), window, cap)
+    assert not torch.allclose(capped.double(), dense_attention(prefill, window), atol=0.05)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu", "torch"])
+@pytest.mark.parametrize("softcap", [0, -1.0, True, "50"])
+def test_a_bad_softcap_is_refused(request, device, backend, softcap):
+    ops = backend_module(request, device, backend)
+    case = make_case(8, 3, 64, "fp32", None, device)
+    with pytest.raises(ValueError, match="softcap"):
+        run_decode(ops, case, softcap=softcap)
+    with pytest.raises(ValueError, match="softcap"):
+        run_prefill(ops, case, softcap=softcap)
