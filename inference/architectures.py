@@ -272,7 +272,8 @@ def sliding_layers(config: dict[str, Any], arch: Architecture, where: str) -> li
     if arch.window_pattern is None:
         return None
     field = arch.window_pattern_field
-    pattern = config.get(field, config.get(f"_{field}", arch.window_pattern)) if field else arch.window_pattern
+    # HF reads `sliding_window_pattern` alone (the `_sliding_window_pattern` its configs write is a copy)
+    pattern = config.get(field, arch.window_pattern) if field else arch.window_pattern
     if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 1:
         raise ValueError(f"{where}: {field} must be a positive integer, got {pattern!r}")
     return [bool((i + 1) % pattern) for i in range(num_layers)]

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config,
-                          Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
+from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
+                          Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
 from inference.architectures import ARCHITECTURES
 from inference.config import EngineArgs
@@ -81,7 +81,10 @@ def test_builtin_model_config_loads():
     # Llama has no windows: HF's Llama reads neither field.
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
     ({"sliding_window": 64}, "sliding_window"),
-    ({"model_type": "gemma2"}, "'gemma2'"),
+    ({"model_type": "gemma"}, "'gemma'"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),  # Gemma's alone
+    ({"query_pre_attn_scalar": 64}, "query_pre_attn_scalar"),
+    ({"hidden_activation": "gelu_pytorch_tanh"}, "hidden_activation"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
     ({"no_rope_layers": [1, 0]}, "no_rope_layers"),  # SmolLM3's alone
     ({"original_max_position_embeddings": 64}, "original_max_position_embeddings"),  # Phi-3's alone
@@ -139,5 +142,70 @@ def test_each_layers_window_is_read_as_hf_reads_it(tmp_path, config, windows):
     ({**Olmo2Config(**SHAPE, **IDS).to_dict(), "sliding_window": 64}, "sliding_window"),
 ])
 def test_a_window_setting_the_engine_cannot_state_is_refused_by_name(tmp_path, config, named):
+    with pytest.raises(ValueError, match=named):
+        load(tmp_path, config)
+
+
+def gemma2(**change) -> dict:
+    return {**Gemma2Config(**SHAPE, **IDS, sliding_window=64).to_dict(), **change}
+
+
+def gemma3(**change) -> dict:
+    return {**Gemma3TextConfig(**SHAPE, **IDS, sliding_window=64).to_dict(), **change}
+
+
+def test_gemma_configs_load_with_their_departures(tmp_path):
+    """Gemma 2's and Gemma 3's own transformers configs: what each departs from the Llama block by, as read."""
+    cfg = load(tmp_path, gemma2(query_pre_attn_scalar=48))
+    assert cfg.architecture == ARCHITECTURES["gemma2"] and not cfg.architecture.llama_block
+    assert cfg.architecture.activation == "gelu_pytorch_tanh" and cfg.architecture.unit_offset_norms
+    assert (cfg.attention_scale, cfg.attn_softcap, cfg.final_softcap) == (48**-0.5, 50.0, 30.0)
+    assert cfg.windows == [64, None] and cfg.local_rope is None
+    cfg = load(tmp_path, gemma3())
+    assert cfg.architecture.qk_norm == "head" and (cfg.attn_softcap, cfg.final_softcap) == (None, None)
+    assert (cfg.rope["rope_theta"], cfg.local_rope["rope_theta"]) == (1_000_000.0, 10_000.0)
+
+
+@pytest.mark.parametrize("config, windows, local", [
+    # Without layer_types (the Hub's older files): Gemma 2 alternates from a windowed layer 0 ...
+    (gemma2(num_hidden_layers=4, layer_types=None), [64, None, 64, None], ()),
+    # ... Gemma 3 has five windowed layers to one full, or its sliding_window_pattern's period.
+    (gemma3(num_hidden_layers=12, layer_types=None),
+     ([64] * 5 + [None]) * 2, (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)),
+    (gemma3(num_hidden_layers=4, layer_types=None, sliding_window_pattern=2), [64, None, 64, None], (0, 2)),
+    # A window no sequence crosses is full attention, but the sliding layers keep their local RoPE base.
+    (gemma3(sliding_window=4096), [None, None], (0, 1)),
+])
+def test_gemma_windows_and_local_rope_layers_as_hf_derives_them(tmp_path, config, windows, local):
+    cfg = load(tmp_path, config)
+    assert cfg.windows == windows and cfg.local_rope_layers == local
+
+
+def test_gemma3_rope_per_layer_type_read_from_old_and_new_files(tmp_path):
+    """transformers 5's rope_parameters keyed by layer type, and the older rope_theta / rope_scaling (global) with
+    rope_local_base_freq (local), read alike (as Gemma3TextConfig converts the older ones)."""
+    old = gemma3(rope_parameters=None, rope_theta=500_000.0, rope_local_base_freq=100.0,
+                 rope_scaling={"rope_type": "linear", "factor": 8.0})
+    hf = Gemma3TextConfig(**SHAPE, **IDS, rope_theta=500_000.0, rope_local_base_freq=100.0,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}).rope_parameters
+    for config in (old, gemma3(rope_parameters=hf)):
+        cfg = load(tmp_path, config)
+        assert cfg.rope == {"rope_type": "linear", "factor": 8.0, "rope_theta": 500_000.0}
+        assert cfg.local_rope == {"rope_type": "default", "rope_theta": 100.0}
+
+
+@pytest.mark.parametrize("config, named", [
+    (gemma2(hidden_activation="gelu"), "hidden_activation='gelu'"),
+    (gemma2(hidden_act="silu"), "hidden_act='silu'"),
+    (gemma3(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (gemma2(query_pre_attn_scalar=None), "query_pre_attn_scalar"),
+    (gemma2(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+    (gemma2(final_logit_softcapping="30"), "final_logit_softcapping"),
+    (gemma2(rope_local_base_freq=10_000.0), "rope_local_base_freq"),  # Gemma 3's alone
+    (gemma2(sliding_window_pattern=6), "sliding_window_pattern"),
+    (gemma3(layer_types=None, sliding_window_pattern=0), "sliding_window_pattern"),
+    (gemma3(rope_parameters={"full_attention": {"rope_type": "dynamic", "factor": 2.0}}), "'dynamic'"),
+])
+def test_a_gemma_setting_the_engine_does_not_implement_is_refused_by_name(tmp_path, config, named):
     with pytest.raises(ValueError, match=named):
         load(tmp_path, config)

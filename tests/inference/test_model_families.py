@@ -143,8 +143,31 @@ def test_family_greedy_equals_hf(family, backend):
     assert_idle(tight)
 
 
+@pytest.mark.parametrize("family", ["gemma2"], indirect=True)
+def test_gemma2_final_logit_soft_cap_equals_hf_in_prompt_logprobs(family):
+    """The final soft cap leaves the greedy argmax as it is, so it is checked where it shows: each prompt token's
+    log-probability equals HF's (its logits capped at 3, which moves these log-probabilities by far more than the
+    tolerance, as the uncapped head's show)."""
+    folder, prompts, _ = family
+    hf = Gemma2ForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = prompts[3]["prompt_token_ids"]
+    with torch.no_grad():
+        hidden = hf.model(torch.tensor([ids])).last_hidden_state
+        raw = hf.lm_head(hidden)[0]
+        capped = hf(torch.tensor([ids])).logits[0]
+    assert raw.abs().max() > 6 and capped.abs().max() <= 3
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="cpu" if kernels.cpu_kernels.available()
+              else "torch", num_kv_blocks=32, max_model_len=256)
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+    got = torch.tensor([out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))])
+    positions, tokens = torch.arange(len(ids) - 1), torch.tensor(ids[1:])
+    want = capped.log_softmax(-1)[positions, tokens]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+    assert (got - raw.log_softmax(-1)[positions, tokens]).abs().max() > 0.1
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types"], indirect=True)
+@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types", "gemma2", "gemma3"], indirect=True)
 def test_windowed_family_on_triton_equals_hf(family):
     """The windowed Triton kernels in the engine (interpreted on the CPU): chunked prefill, then the same prompts
     again from the prefix cache."""
