@@ -332,14 +332,14 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         module.weight.data.copy_(value)
 
     def load_experts(module: SparseMoE, block: str) -> None:
-        if quant is not None:
+        if quant is not None and quant.method != "int8":
             raise ValueError(f"{source}: quantization={quant.method!r} of a mixture of experts is not implemented "
-                             "(its experts load as float weights only)")
+                             "(its experts load as float or int8 weights)")
         spec = cfg.architecture.moe
         experts = [tuple(take(f"{block}experts.{e}.{name}.weight") for name in spec.expert_weights)
                    for e in range(cfg.moe.num_experts)]
         try:
-            module.load(take(block + "gate.weight"), experts, dtype, device)
+            module.load(take(block + "gate.weight"), experts, dtype, device, int8=quant is not None)
         except ValueError as exc:
             raise ValueError(f"{source}: {block.rstrip('.')}: {exc}") from None
         if module.shared is not None:

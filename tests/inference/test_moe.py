@@ -8,17 +8,19 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import DeepseekV2Config, MixtralConfig, Qwen3MoeConfig
+from transformers import DeepseekV2Config, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 import inference.moe
-from inference import LLM
+from inference import LLM, SamplingParams
 from inference.linear import FloatWeight
 from inference.model import MLP, ModelConfig
 from inference.moe import MoEConfig, SparseMoE
 from inference.parallel.group import Group
+from kernels import moe_reference
+from tests.inference.quant_checkpoints import hf_greedy, hf_with_engine_weights
 from tests.inference.tiny_models import SHAPE, save_tiny
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 8, 2
@@ -96,8 +98,9 @@ def test_tokens_are_grouped_by_expert_one_matmul_each(monkeypatch):
         calls.append(inp.shape[0])
         return F.linear(inp, weight, bias)
 
-    monkeypatch.setattr(inference.moe, "F", type("F", (), {"linear": staticmethod(counting_linear),
-                                                          "one_hot": staticmethod(F.one_hot)}))
+    counting = type("F", (), {"linear": staticmethod(counting_linear), "one_hot": staticmethod(F.one_hot)})
+    monkeypatch.setattr(inference.moe, "F", counting)  # the router
+    monkeypatch.setattr(moe_reference, "F", counting)  # the experts (the CPU backends' fused_moe)
     moe(x)
     assert calls[0] == 40  # the router, once for all tokens
     assert len(calls) == 1 + 2 * active  # gate/up and down once per expert some token chose
@@ -107,15 +110,13 @@ def test_tokens_are_grouped_by_expert_one_matmul_each(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_mixtral(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mixtral")
-    from transformers import MixtralForCausalLM
-
     save_tiny(folder, MixtralForCausalLM, MixtralConfig(**{**SHAPE, "intermediate_size": 32}, num_local_experts=4,
                                                         num_experts_per_tok=2, sliding_window=None))
     return folder
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(quantization="int8"), "quantization='int8' of a mixture of experts is not implemented"),
+    (dict(quantization="int4"), "quantization='int4' of a mixture of experts is not implemented"),
     (dict(enable_lora=True), "enable_lora does not support a mixture of experts"),
     (dict(tensor_parallel_size=2), "tensor_parallel_size>1 does not support a mixture of experts"),
 ], ids=["quantized", "lora", "tp"])
@@ -132,3 +133,30 @@ def test_expert_fields_in_a_dense_family_are_refused(tmp_path, tiny_mixtral):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="num_experts_per_tok, num_local_experts: a mixture of experts is not part"):
         LLM(model=str(tmp_path), **SMALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_cls, config", [
+    (Qwen3MoeForCausalLM, Qwen3MoeConfig(**SHAPE, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                                         head_dim=16, norm_topk_prob=True)),
+    (MixtralForCausalLM, MixtralConfig(**{**SHAPE, "intermediate_size": 32}, num_local_experts=4,
+                                       num_experts_per_tok=2, sliding_window=None)),
+], ids=["qwen3-moe", "mixtral"])
+def test_int8_experts_match_hf_on_the_same_weights(tmp_path, model_cls, config):
+    """quantization="int8" quantizes every expert per output row (router float): greedy output equals HF's on
+    a model holding the de-quantized values, and the experts really are int8 (a float path would hide it)."""
+    model = save_tiny(tmp_path, model_cls, config)
+    llm = LLM(model=str(tmp_path), quantization="int8", dtype="float32", **SMALL)
+    moe = llm.llm_engine.runner.model.layers[1].mlp
+    assert moe.gate_up.dtype == moe.down.dtype == torch.int8 and moe.gate.dtype == torch.float32
+    assert moe.gate_up_scales.shape == moe.gate_up.shape[:2] and moe.down_scales.shape == moe.down.shape[:2]
+    float_gate_up = model.model.layers[1].mlp.experts.gate_up_proj.detach()
+    assert not torch.equal(moe.expert_weights()[0], float_gate_up)  # rounded to int8 levels
+    torch.testing.assert_close(moe.expert_weights()[0], float_gate_up, rtol=0, atol=0.01)
+    hf = hf_with_engine_weights(llm, model.config)
+    tok = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for prompt in ["Hello there", "The quick brown fox jumps over"]:
+        ids = tok.encode(prompt, add_special_tokens=False)
+        [out] = llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)
+        assert out.outputs[0].token_ids == hf_greedy(hf, ids, 12), prompt
