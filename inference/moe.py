@@ -20,8 +20,9 @@ own, step for step, so that float32 output is bit for bit theirs:
 
 The experts are held as two stacked tensors, `[E, 2I, H]` (gate rows then up rows) and `[E, H, I]`, the shape
 vLLM's fused-MoE kernels take: float, or with `quantization="int8"` int8 codes with a scale per expert and
-output row (`gate_up_scales [E, 2I]`, `down_scales [E, H]`, as `Int8Weight`); the router stays float. Other
-quantization methods, LoRA on experts and tensor parallelism over experts are refused at load
+output row (`gate_up_scales [E, 2I]`, `down_scales [E, H]`, as `Int8Weight`), or with `quantization="int4"`
+each expert's group-wise int4 codes two a byte with their scales and zeros (`kernels.int4_reference`'s
+layout); the router stays float. Other quantization methods, LoRA on experts and tensor parallelism over experts are refused at load
 (`inference/model.py`, `inference/parallel/ranks.py`), by name.
 """
 
@@ -35,8 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.quantization.weights import quantize_int8_rows
-from kernels import fused_moe_for, reference
+from inference.quantization.weights import quantize_experts
+from kernels import fused_moe_for, int4_reference, reference
+from kernels.moe_reference import int4_group_size
 
 if TYPE_CHECKING:
     from inference.architectures import MoE
@@ -102,8 +104,9 @@ class SparseMoE(nn.Module):
         self.gate = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
         self.gate_up = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
         self.down = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
-        self.register_buffer("gate_up_scales", None)  # int8 experts: [E, 2I]
-        self.register_buffer("down_scales", None)  # int8 experts: [E, H]
+        # Quantized experts' scales (kernels.moe_reference): int8 [E, 2I] and [E, H]; int4 with zeros, per group.
+        self.register_buffer("gate_up_scales", None)
+        self.register_buffer("down_scales", None)
         self.shared = shared
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,10 +132,10 @@ class SparseMoE(nn.Module):
         return out if self.shared is None else out + self.shared(x, ops)
 
     def load(self, gate: torch.Tensor, experts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-             dtype: torch.dtype, device: torch.device, int8: bool = False) -> None:
+             dtype: torch.dtype, device: torch.device, method: str | None = None, group_size: int = 32) -> None:
         """Fill from the router's `[E, H]` weight and each expert's (gate, up, down) weights, in expert order;
-        with `int8`, the experts quantized per output row (the router stays float: it is E rows, and every
-        token's routing hangs on it)."""
+        with `method` "int8" or "int4", the experts quantized (`quantize_experts`; the router stays float: it is
+        E rows, and every token's routing hangs on it)."""
         if len(experts) != self.moe.num_experts:
             raise ValueError(f"{len(experts)} experts found, the config says {self.moe.num_experts}")
         try:
@@ -144,16 +147,23 @@ class SparseMoE(nn.Module):
             want = getattr(self, name).shape
             if value.shape != want:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {tuple(want)}")
-            if int8 and name != "gate":
-                value, scales = quantize_int8_rows(value)
+            if method is not None and name != "gate":
+                value, scales = quantize_experts(value, method, group_size)
                 setattr(self, f"{name}_scales", scales.to(device, dtype))
             else:
                 value = value.to(dtype)
             setattr(self, name, nn.Parameter(value.to(device), requires_grad=False))
 
     def expert_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The float32 `gate_up` and `down` values the experts multiply by (int8 codes times their scales)."""
-        if self.gate_up_scales is None:
-            return self.gate_up.float(), self.down.float()
-        return (self.gate_up.float() * self.gate_up_scales.float().unsqueeze(-1),
-                self.down.float() * self.down_scales.float().unsqueeze(-1))
+        """The float32 `gate_up` and `down` values the experts multiply by (quantized ones de-quantized)."""
+        return _values(self.gate_up, self.gate_up_scales), _values(self.down, self.down_scales)
+
+
+def _values(stacked: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    if scales is None:
+        return stacked.float()
+    if stacked.dtype == torch.int8:
+        return stacked.float() * scales.float().unsqueeze(-1)
+    group = int4_group_size(stacked, scales)
+    return torch.stack([int4_reference.dequantize_int4(w, sz.float(), group, torch.float32)
+                        for w, sz in zip(stacked, scales)])

@@ -10,9 +10,15 @@ grouped by expert: for each expert some token chose, in ascending expert order, 
 tokens that chose it (not one per token), scaled by each token's router weight and added into the output.
 Adding in expert order per token is HF transformers' order, so float32 output is bit for bit theirs.
 
-int8 experts (``gate_up`` and ``down`` int8 codes, with ``gate_up_scales [E, 2I]`` and ``down_scales [E, H]``)
-are symmetric per output row, ``w = code * scale``, as ``inference.quantization.weights.Int8Weight``; each
-chosen expert's matmul runs on its codes and scales the output rows (``x @ (q * s).T == (x @ q.T) * s``).
+Quantized experts come with their scales, the format told by the codes' dtype:
+
+- int8 (``torch.int8`` codes ``[E, 2I, H]`` and ``[E, H, I]``, ``gate_up_scales [E, 2I]``, ``down_scales [E, H]``):
+  symmetric per output row, ``w = code * scale``, as ``inference.quantization.weights.Int8Weight``; each chosen
+  expert's matmul runs on its codes and scales the output rows (``x @ (q * s).T == (x @ q.T) * s``);
+- int4 (``torch.uint8``, two codes a byte, ``[E, 2I, H / 2]`` and ``[E, H, I / 2]``, scales and zeros
+  ``[E, H / G, 2I, 2]`` and ``[E, I / G, H, 2]``): each expert in ``kernels.int4_reference``'s layout,
+  ``w = (code - 8) * scale + zero`` per group of ``G`` inputs; each chosen expert is de-quantized, then one
+  matmul.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels import reference
+from kernels import int4_reference, reference
 
 __all__ = ["fused_moe", "check_moe_inputs"]
 
@@ -51,26 +57,51 @@ def fused_moe(x: Tensor, gate_up: Tensor, down: Tensor, experts: Tensor, weights
 def _expert_linear(x: Tensor, stacked: Tensor, scales: Tensor | None, expert: int) -> Tensor:
     if scales is None:
         return F.linear(x, stacked[expert])
+    if stacked.dtype == torch.uint8:
+        return int4_reference.int4_matmul(x, stacked[expert], scales[expert], int4_group_size(stacked, scales))
     return F.linear(x, stacked[expert].to(x.dtype)) * scales[expert]
+
+
+def in_features(stacked: Tensor) -> int:
+    """The inputs of each expert's stacked weight (int4: two a byte)."""
+    return stacked.shape[2] * (2 if stacked.dtype == torch.uint8 else 1)
+
+
+def int4_group_size(stacked: Tensor, scales_zeros: Tensor) -> int:
+    """Inputs per scale of int4 experts (their scales and zeros are `[E, K / G, N, 2]`)."""
+    return in_features(stacked) // scales_zeros.shape[1]
 
 
 def check_moe_inputs(x: Tensor, gate_up: Tensor, down: Tensor, experts: Tensor, weights: Tensor,
                      gate_up_scales: Tensor | None, down_scales: Tensor | None) -> None:
     """A ValueError naming the argument whose shape does not fit the others (every backend checks the same)."""
-    num_experts, two_i, hidden = gate_up.shape
+    num_experts, two_i = gate_up.shape[:2]
+    hidden = in_features(gate_up)
     fits = {
         "x": x.dim() == 2 and x.shape[1] == hidden,
-        "gate_up": two_i % 2 == 0,
-        "down": down.shape == (num_experts, hidden, two_i // 2),
+        "gate_up": gate_up.dim() == 3 and two_i % 2 == 0,
+        "down": (down.dtype == gate_up.dtype and down.shape[:2] == (num_experts, hidden)
+                 and in_features(down) == two_i // 2),
         "experts": experts.dim() == 2 and experts.shape[0] == x.shape[0],
         "weights": weights.shape == experts.shape,
-        "gate_up_scales": gate_up_scales is None or gate_up_scales.shape == (num_experts, two_i),
-        "down_scales": down_scales is None or down_scales.shape == (num_experts, hidden),
+        "gate_up_scales": _scales_fit(gate_up, gate_up_scales),
+        "down_scales": _scales_fit(down, down_scales),
     }
     bad = [name for name, ok in fits.items() if not ok]
     if bad:
         raise ValueError(f"fused_moe: {', '.join(bad)} do not fit gate_up {tuple(gate_up.shape)} (x "
                          f"{tuple(x.shape)}, down {tuple(down.shape)}, experts {tuple(experts.shape)}, weights "
                          f"{tuple(weights.shape)})")
-    if (gate_up_scales is None) != (down_scales is None) or (gate_up_scales is None) != gate_up.is_floating_point():
-        raise ValueError("fused_moe: int8 experts need both gate_up_scales and down_scales; float experts neither")
+
+
+def _scales_fit(stacked: Tensor, scales: Tensor | None) -> bool:
+    """Float experts have no scales; int8 one per expert and output row; int4 a scale and zero per group."""
+    if stacked.is_floating_point():
+        return scales is None
+    if scales is None:
+        return False
+    if stacked.dtype == torch.int8:
+        return scales.shape == stacked.shape[:2]
+    num_experts, rows = stacked.shape[:2]
+    return (scales.dim() == 4 and scales.shape[0] == num_experts and scales.shape[2:] == (rows, 2)
+            and in_features(stacked) % scales.shape[1] == 0)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 import torch.nn.functional as F
 from transformers import DeepseekV2Config, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
@@ -20,7 +21,7 @@ from inference.model import MLP, ModelConfig
 from inference.moe import MoEConfig, SparseMoE
 from inference.parallel.group import Group
 from kernels import moe_reference
-from tests.inference.quant_checkpoints import hf_greedy, hf_with_engine_weights
+from tests.inference.quant_checkpoints import hf_greedy, hf_with_engine_weights, pack_awq
 from tests.inference.tiny_models import SHAPE, save_tiny
 
 HIDDEN, INTERMEDIATE, EXPERTS, TOP_K = 64, 32, 8, 2
@@ -115,11 +116,29 @@ def tiny_mixtral(tmp_path_factory):
     return folder
 
 
+def test_packed_int4_experts_are_refused_by_name(tmp_path, tiny_mixtral):
+    """An AWQ checkpoint of an MoE (its experts packed as AutoAWQ does): the experts' packed codes are not read."""
+    for name in tiny_mixtral.iterdir():
+        (tmp_path / name.name).write_bytes(name.read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                                     "version": "gemm"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = {}
+    for name, value in load_file(tmp_path / "model.safetensors").items():
+        if name.endswith("_proj.weight") or ".experts." in name:  # the linear layers; not the router
+            state.update({f"{name.removesuffix('.weight')}.{k}": t for k, t in pack_awq(value, 32).items()})
+        else:
+            state[name] = value
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="quantization='awq' of a mixture of experts is not implemented"):
+        LLM(model=str(tmp_path), **SMALL)
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(quantization="int4"), "quantization='int4' of a mixture of experts is not implemented"),
     (dict(enable_lora=True), "enable_lora does not support a mixture of experts"),
     (dict(tensor_parallel_size=2), "tensor_parallel_size>1 does not support a mixture of experts"),
-], ids=["quantized", "lora", "tp"])
+], ids=["lora", "tp"])
 def test_what_experts_do_not_support_is_refused_by_name(tiny_mixtral, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=str(tiny_mixtral), **SMALL, **kwargs)
@@ -136,23 +155,25 @@ def test_expert_fields_in_a_dense_family_are_refused(tmp_path, tiny_mixtral):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model_cls, config", [
     (Qwen3MoeForCausalLM, Qwen3MoeConfig(**SHAPE, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                                          head_dim=16, norm_topk_prob=True)),
     (MixtralForCausalLM, MixtralConfig(**{**SHAPE, "intermediate_size": 32}, num_local_experts=4,
                                        num_experts_per_tok=2, sliding_window=None)),
 ], ids=["qwen3-moe", "mixtral"])
-def test_int8_experts_match_hf_on_the_same_weights(tmp_path, model_cls, config):
-    """quantization="int8" quantizes every expert per output row (router float): greedy output equals HF's on
-    a model holding the de-quantized values, and the experts really are int8 (a float path would hide it)."""
+def test_quantized_experts_match_hf_on_the_same_weights(tmp_path, model_cls, config, method):
+    """quantization="int8" / "int4" quantizes every expert (per output row / per group of 32 inputs; router
+    float): greedy output equals HF's on a model holding the de-quantized values, and the experts really are
+    quantized (a float path would pass the greedy check too)."""
     model = save_tiny(tmp_path, model_cls, config)
-    llm = LLM(model=str(tmp_path), quantization="int8", dtype="float32", **SMALL)
+    llm = LLM(model=str(tmp_path), quantization=method, dtype="float32", **SMALL)
     moe = llm.llm_engine.runner.model.layers[1].mlp
-    assert moe.gate_up.dtype == moe.down.dtype == torch.int8 and moe.gate.dtype == torch.float32
-    assert moe.gate_up_scales.shape == moe.gate_up.shape[:2] and moe.down_scales.shape == moe.down.shape[:2]
+    codes = {"int8": torch.int8, "int4": torch.uint8}[method]
+    assert moe.gate_up.dtype == moe.down.dtype == codes and moe.gate.dtype == torch.float32
     float_gate_up = model.model.layers[1].mlp.experts.gate_up_proj.detach()
-    assert not torch.equal(moe.expert_weights()[0], float_gate_up)  # rounded to int8 levels
-    torch.testing.assert_close(moe.expert_weights()[0], float_gate_up, rtol=0, atol=0.01)
+    assert not torch.equal(moe.expert_weights()[0], float_gate_up)  # rounded to the format's levels
+    torch.testing.assert_close(moe.expert_weights()[0], float_gate_up, rtol=0, atol=0.01 if method == "int8" else 0.1)
     hf = hf_with_engine_weights(llm, model.config)
     tok = llm.get_tokenizer()
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import cpu_kernels, moe_reference, reference
+from kernels import cpu_kernels, int4_reference, moe_reference, reference
 
 
 def random_moe(tokens: int, hidden: int, intermediate: int, num_experts: int, top_k: int, seed: int = 0):
@@ -25,6 +25,20 @@ def random_moe(tokens: int, hidden: int, intermediate: int, num_experts: int, to
 def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = w.abs().amax(-1) / 127
     return (w / scales.unsqueeze(-1)).round().to(torch.int8), scales
+
+
+def int4_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random int4 experts shaped like `w` `[E, N, K]`: packed codes, `[E, K / G, N, 2]` scales and zeros, and
+    the float weights they stand for."""
+    num_experts, n, k = w.shape
+    gen = torch.Generator().manual_seed(n * k + group)
+    codes = torch.randint(0, 16, (num_experts, n, k), generator=gen)
+    scales_zeros = torch.stack([torch.rand(num_experts, k // group, n, generator=gen) * 0.02 + 0.001,
+                                torch.randn(num_experts, k // group, n, generator=gen) * 0.01], dim=-1)
+    packed = torch.stack([int4_reference.pack_codes(c) for c in codes])
+    values = torch.stack([int4_reference.dequantize_int4(p, sz, group, torch.float32)
+                          for p, sz in zip(packed, scales_zeros)])
+    return packed, scales_zeros, values
 
 
 def per_token(x, gate_up, down, experts, weights) -> torch.Tensor:
@@ -49,6 +63,14 @@ def test_reference_int8_experts_are_their_dequantized_weights():
     out = moe_reference.fused_moe(x, gu_codes, d_codes, experts, weights, gu_scales, d_scales)
     want = per_token(x, gu_codes * gu_scales.unsqueeze(-1), d_codes * d_scales.unsqueeze(-1), experts, weights)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_int4_experts_are_their_dequantized_weights():
+    x, gate_up, down, experts, weights = random_moe(7, 64, 32, 4, 2)
+    (gu_packed, gu_sz, gu_values), (d_packed, d_sz, d_values) = int4_groups(gate_up, 32), int4_groups(down, 32)
+    out = moe_reference.fused_moe(x, gu_packed, d_packed, experts, weights, gu_sz, d_sz)
+    torch.testing.assert_close(out.double(), per_token(x, gu_values, d_values, experts, weights), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("block", [16, 4])
@@ -111,14 +133,34 @@ def test_triton_int8_experts_match_reference(dtype, device):
     torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("tokens, hidden, intermediate, group, dtype", [
+    (1, 64, 32, 32, torch.float32), (11, 128, 64, 64, torch.float32), (5, 64, 96, 32, torch.bfloat16)])
+def test_triton_int4_experts_match_reference(tokens, hidden, intermediate, group, dtype, device):
+    """Weight-only int4: each byte's two codes split in registers, the K step's group scale and zero applied."""
+    from kernels import moe_triton
+
+    x, gate_up, down, experts, weights = random_moe(tokens, hidden, intermediate, 4, 2, seed=5)
+    (gu_packed, gu_sz, gu_values), (d_packed, d_sz, d_values) = int4_groups(gate_up, group), int4_groups(down, group)
+    want = per_token(x.to(dtype), gu_values, d_values, experts, weights)
+    x, experts, weights = x.to(dtype).to(device), experts.to(device), weights.to(device)
+    out = moe_triton.fused_moe(x, gu_packed.to(device), d_packed.to(device), experts, weights,
+                               gu_sz.to(device, dtype), d_sz.to(device, dtype))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert out.dtype == dtype and out.shape == (tokens, hidden)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=tol, atol=tol)
+
+
 def test_shapes_that_do_not_fit_are_refused_by_name():
     x, gate_up, down, experts, weights = random_moe(3, 32, 16, 4, 2)
     with pytest.raises(ValueError, match="fused_moe: down do not fit"):
         moe_reference.fused_moe(x, gate_up, down[:, :, :8], experts, weights)
     with pytest.raises(ValueError, match="fused_moe: weights do not fit"):
         moe_reference.fused_moe(x, gate_up, down, experts, weights[:, :1])
-    with pytest.raises(ValueError, match="need both gate_up_scales and down_scales"):
+    with pytest.raises(ValueError, match="fused_moe: gate_up_scales do not fit"):  # float experts take none
         moe_reference.fused_moe(x, gate_up, down, experts, weights, gate_up_scales=torch.ones(4, 32))
+    codes, scales = int8_rows(gate_up)
+    with pytest.raises(ValueError, match="fused_moe: down do not fit"):  # int8 gate/up, float down
+        moe_reference.fused_moe(x, codes, down, experts, weights, scales)
 
 
 def test_each_backend_gets_its_own_fused_moe(triton_ops):
@@ -136,8 +178,8 @@ def test_each_backend_gets_its_own_fused_moe(triton_ops):
     torch.testing.assert_close(kernels.fused_moe(*args), want, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
-def test_sparse_moe_runs_the_triton_kernel_on_the_triton_backend(int8, triton_ops, device, monkeypatch):
+@pytest.mark.parametrize("method", [None, "int8", "int4"], ids=["float", "int8", "int4"])
+def test_sparse_moe_runs_the_triton_kernel_on_the_triton_backend(method, triton_ops, device, monkeypatch):
     """The model's MoE layer under the triton backend goes through the fused kernel (not the grouped loop) and
     computes what it computes under the torch backend."""
     from inference.moe import MoEConfig, SparseMoE
@@ -149,7 +191,7 @@ def test_sparse_moe_runs_the_triton_kernel_on_the_triton_backend(int8, triton_op
     gen = torch.Generator().manual_seed(4)
     experts = [(torch.randn(intermediate, hidden, generator=gen) * 0.2, torch.randn(intermediate, hidden, generator=gen)
                 * 0.2, torch.randn(hidden, intermediate, generator=gen) * 0.2) for _ in range(num_experts)]
-    moe.load(torch.randn(num_experts, hidden, generator=gen), experts, torch.float32, device, int8=int8)
+    moe.load(torch.randn(num_experts, hidden, generator=gen), experts, torch.float32, device, method)
     x = torch.randn(6, hidden, generator=gen).to(device)
     original, calls = moe_triton.fused_moe, []
 
@@ -159,4 +201,5 @@ def test_sparse_moe_runs_the_triton_kernel_on_the_triton_backend(int8, triton_op
 
     monkeypatch.setattr(moe_triton, "fused_moe", counting)
     torch.testing.assert_close(moe(x, triton_ops), moe(x, reference), rtol=1e-4, atol=1e-4)
-    assert len(calls) == 1 and (calls[0][1].dtype == torch.int8) == int8
+    want_dtype = {None: torch.float32, "int8": torch.int8, "int4": torch.uint8}[method]
+    assert len(calls) == 1 and calls[0][1].dtype == want_dtype
