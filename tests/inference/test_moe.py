@@ -181,3 +181,25 @@ def test_quantized_experts_match_hf_on_the_same_weights(tmp_path, model_cls, con
         ids = tok.encode(prompt, add_special_tokens=False)
         [out] = llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)
         assert out.outputs[0].token_ids == hf_greedy(hf, ids, 12), prompt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", [None, "int4"], ids=["float", "int4"])
+def test_triton_backend_serves_experts_with_the_fused_kernel(tiny_mixtral, quantization, monkeypatch):
+    """The whole engine on the triton backend (interpreted here): the MoE layers run the fused-MoE kernel and
+    greedy tokens equal the torch backend's (whose experts are the grouped reference)."""
+    pytest.importorskip("triton")
+    from kernels import moe_triton
+
+    original, calls = moe_triton.fused_moe, []
+    monkeypatch.setattr(moe_triton, "fused_moe", lambda *args: calls.append(args[1].dtype) or original(*args))
+    prompts = [{"prompt_token_ids": [5, 17, 300, 2]}, {"prompt_token_ids": [9, 8, 7, 6, 5, 4, 3]}]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(model=str(tiny_mixtral), attention_backend=backend, quantization=quantization, dtype="float32",
+                  **SMALL)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert bool(calls) == (backend == "triton")  # the kernel serves the triton backend only
+    assert set(calls) == {torch.uint8 if quantization else torch.float32}
+    assert outs["triton"] == outs["torch"]
