@@ -91,13 +91,13 @@ class LabSession:
 
     def __init__(self, config: LabConfig, shared: LLMEngine | None = None, model: str | None = None,
                  pool_bytes: int | None = None) -> None:
-        """`shared`: an engine whose weights (and model, device, dtype) the sandbox reuses; without it the
+        """`shared`: an engine whose weights (and model, device, dtype, attention backend) the sandbox reuses; without it the
         sandbox loads `model` (default: the built-in one) itself, in float32 on the CPU. `pool_bytes`: size the
         pool in bytes instead of `config.num_blocks` blocks: the engine divides them by its block's bytes (so a
         model with a smaller cache per token gets more blocks), and `self.config` states the blocks it got."""
         if shared is not None:
             placement = {"model": shared.args.model, "device": str(shared.runner.device),
-                         "dtype": DTYPE_NAMES[shared.runner.dtype]}
+                         "dtype": DTYPE_NAMES[shared.runner.dtype], "attention_backend": shared.args.attention_backend}
         else:
             placement = {"device": "cpu", "dtype": "float32", **({"model": model} if model else {})}
         args = EngineArgs(

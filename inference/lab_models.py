@@ -98,9 +98,11 @@ def _build(model: LabModel, folder: Path) -> None:
 @functools.cache
 def lab_model_engine(name: str) -> LLMEngine:
     """An engine holding the model's weights (float32, CPU) for the lab's sandboxes to share: loaded once per
-    process, its own pool one block (nothing runs on it)."""
+    process, its own pool one block (nothing runs on it). The torch reference backend, which its sandboxes
+    follow: a GPU worker may never have built the C++ CPU kernels, and building them (minutes) would stall its
+    engine loop, where the lab runs; a model this small needs no fast kernel."""
     return LLMEngine(EngineArgs(model=str(lab_model_folder(name)), device="cpu", dtype="float32", block_size=8,
-                                num_kv_blocks=1, max_model_len=8))
+                                num_kv_blocks=1, max_model_len=8, attention_backend="torch"))
 
 
 def kv_arithmetic(cfg: ModelConfig, dtype: torch.dtype) -> str:

@@ -7,9 +7,9 @@ the quiz answer at the quiz's step (or when everything has finished).
 
 A comparison scenario (`Scenario.models`) runs one sandbox per tiny model of inference/lab_models.py, each
 with a pool of the same bytes (`pool_bytes`; the engine turns them into blocks), the same arrivals, stepped
-together. Its snapshot is one `lanes` entry per model: the sandbox's own snapshot and the figures that
-compare them (bytes per token, blocks, tokens held, requests running or waiting, preemptions), all read from
-that sandbox's engine.
+together. Its snapshot is one `lanes` entry per model: the sandbox's own snapshot (its counters count the
+preemptions) and the figures that compare them (bytes per token, blocks, tokens held, requests running or
+waiting), all read from that sandbox's engine.
 """
 
 from __future__ import annotations
@@ -58,9 +58,7 @@ class Scenario:
     def describe(self) -> dict:
         """What the page lists (the quiz's answer is not part of it)."""
         return {"name": self.name, "title": self.title, "watch": self.watch, "question": self.quiz.question,
-                "config": self.config.__dict__, "quiz_at_step": self.quiz.at_step,
-                "lanes": [{"model": m, "title": LAB_MODELS[m].title} for m in self.models],
-                "pool_bytes": self.pool_bytes}
+                "config": self.config.__dict__, "quiz_at_step": self.quiz.at_step}
 
 
 def _blocks_held(label: str) -> Callable[[ScenarioRun], int]:
@@ -274,7 +272,6 @@ class ScenarioRun:
             "token_slots": _token_slots(session),
             "tokens_held": sum(b["filled"] for b in snapshot["blocks"] if b["state"] == "used"),
             "requests": {k: statuses.count(k) for k in ("running", "waiting", "finished")},
-            "preemptions": metrics["num_preemptions_total"],
         }
 
     def _admit_due(self) -> None:

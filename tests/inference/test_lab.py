@@ -12,7 +12,7 @@ import pytest
 from inference.counterfactual import contiguous_admission, reserved_tokens
 from inference.events import event_from_dict, replay_steps
 from inference.lab import LabConfig, LabRequest, LabSession
-from inference.lab_models import LAB_MODELS, WIDTH, lab_model_folder
+from inference.lab_models import LAB_MODELS, WIDTH, lab_model_engine, lab_model_folder
 from inference.lab_scenarios import SCENARIOS, SCENARIOS_BY_NAME, ScenarioRun
 
 SINGLE_POOL = [s for s in SCENARIOS if not s.models]
@@ -254,8 +254,15 @@ def test_same_bytes_make_blocks_by_each_engines_bytes_per_token(attention_memory
 
 
 def test_a_comparison_adds_to_every_pool_and_records_none(attention_memory):
+    import kernels.reference
+
     run, _ = attention_memory
     other = ScenarioRun.start("attention_memory")
+    for model, session in zip(other.scenario.models, other.sessions):  # weights loaded once, pools apart
+        assert session.engine.runner.model is run.lane(model).engine.runner.model is \
+            lab_model_engine(model).runner.model
+        assert session.engine.runner.kv_caches[0][0].data_ptr() != run.lane(model).engine.runner.kv_caches[0][0].data_ptr()
+        assert session.engine.runner.ops is kernels.reference  # no C++ build on a worker's loop for them
     assert other.add(LabRequest("One more, please.", max_tokens=2)) == "I"
     assert [len(s.requests) for s in other.sessions] == [9, 9, 9]
     other.abort("I")
@@ -279,6 +286,6 @@ def test_the_comparison_runs_to_its_end_and_the_biggest_cache_preempts_most():
     assert run.finished and snap["finished"] and snap["idle"]
     lanes = {lane["model"]: lane for lane in snap["lanes"]}
     assert all(lane["requests"]["finished"] == 8 and lane["tokens_held"] == 0 for lane in lanes.values())
-    preemptions = [lanes[m]["preemptions"] for m in ("mha", "gqa", "mla")]
+    preemptions = [lanes[m]["snapshot"]["counters"]["num_preemptions_total"] for m in ("mha", "gqa", "mla")]
     assert preemptions[0] > preemptions[1] > preemptions[2] == 0
     assert peak["mha"] < peak["gqa"] <= peak["mla"] == 8
