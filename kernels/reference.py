@@ -66,12 +66,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 def rotary_embedding_(x: Tensor, cos: Tensor, sin: Tensor) -> None:
     """Rotate every head of ``x: [num_tokens, heads, head_dim]`` in place by its token's position, in the
-    rotate-half layout HF Llama uses; ``cos, sin: [num_tokens, head_dim / 2]`` in ``x``'s dtype. Callers pass
-    q's and k's heads at once (a view of the fused qkv output)."""
+    rotate-half layout HF Llama uses; ``cos, sin: [num_tokens, rotary_dim / 2]`` in ``x``'s dtype. Only the
+    first ``rotary_dim`` dimensions of a head turn (HF's partial rotary, Phi-4-mini's: ``rotary_dim <
+    head_dim``), the rest are left as they are. Callers pass q's and k's heads at once (a view of the fused
+    qkv output)."""
     validation.check_rotary(x, cos, sin)
-    x1, x2 = x.chunk(2, dim=-1)
+    half = cos.shape[1]
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+    x[..., : 2 * half].copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

@@ -50,15 +50,16 @@ def output_for(query: Tensor, out: Tensor | None) -> Tensor:
 
 def check_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> None:
     """``x: [tokens, heads, head_dim]`` (even head_dim, last dim contiguous) and ``cos, sin: [tokens,
-    head_dim / 2]`` in its dtype and on its device."""
+    rotary_dim / 2]`` (``rotary_dim`` at most head_dim) in its dtype and on its device."""
     if x.dim() != 3 or x.shape[2] % 2 or x.stride(2) != 1:
         raise ValueError(f"x must be [tokens, heads, head_dim] with an even, contiguous head_dim, got "
                          f"{tuple(x.shape)} with strides {x.stride()}")
-    want = (x.shape[0], x.shape[2] // 2)
+    half = cos.shape[1] if cos.dim() == 2 and 0 < cos.shape[1] <= x.shape[2] // 2 else x.shape[2] // 2
+    want = (x.shape[0], half)
     for name, table in (("cos", cos), ("sin", sin)):
         if table.shape != want or table.dtype != x.dtype or table.device != x.device:
-            raise ValueError(f"{name} must be {list(want)} {x.dtype} on {x.device}, "
-                             f"got {tuple(table.shape)} {table.dtype} on {table.device}")
+            raise ValueError(f"{name} must be {list(want)} {x.dtype} on {x.device} (rotary_dim / 2 columns, "
+                             f"at most head_dim / 2), got {tuple(table.shape)} {table.dtype} on {table.device}")
 
 
 def check_rms_norm(x: Tensor, weight: Tensor) -> None:

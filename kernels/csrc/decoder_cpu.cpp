@@ -66,7 +66,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> one_row_queries(const to
 
 // hidden [tokens, hidden] (the step's embeddings, contiguous); per layer, in `weights`, six tensors: input norm,
 // packed qkv, packed o, post-attention norm, packed gate_up, packed down; then the final norm's weight last.
-// cos/sin [tokens, head_dim / 2]; the caches and metadata as paged_attention and reshape_and_cache take them.
+// cos/sin [tokens, rotary_dim / 2] (partial rotary turns the first rotary_dim dimensions of each head only); the
+// caches and metadata as paged_attention and reshape_and_cache take them.
 // Returns the final norm of the last layer's output, [tokens, hidden], or with `rows` (int64 row numbers, each in
 // range) only at those rows, [rows, hidden]: the last layer then writes every token's K and V, and runs the rest
 // (attention, o_proj, the MLP, the final norm) for those rows alone (a prefill samples one row of hundreds).

@@ -1,8 +1,9 @@
 // Rotary position embedding in place, for the q and k heads of one layer together.
 //
 // x is [tokens, heads, head_dim] (last dim contiguous, any other strides: the q|k columns of the fused qkv
-// output), cos and sin are [tokens, head_dim / 2] (contiguous) in x's dtype. In the rotate-half layout,
-// with a = x[..., d] and b = x[..., d + head_dim / 2]:  a' = a * cos - b * sin,  b' = b * cos + a * sin.
+// output), cos and sin are [tokens, rotary_dim / 2] (contiguous) in x's dtype, rotary_dim <= head_dim. In the
+// rotate-half layout over the first rotary_dim dimensions, with a = x[..., d] and b = x[..., d + rotary_dim / 2]:
+// a' = a * cos - b * sin,  b' = b * cos + a * sin; dimensions from rotary_dim on are left alone (partial rotary).
 // Every product and sum is rounded to x's dtype exactly where torch's op-by-op reference rounds it (the
 // extension is built with -ffp-contract=off, so no product is fused into an FMA), which makes the result
 // bit-equal to kernels.reference.rotary_embedding_ in float32, bfloat16 and float16: one pass over q and k
@@ -18,7 +19,7 @@ namespace {
 
 template <typename T>
 void rotate(torch::Tensor x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t tokens = x.size(0), heads = x.size(1), half = x.size(2) / 2;
+  const int64_t tokens = x.size(0), heads = x.size(1), half = cos.size(1);
   const int64_t s0 = x.stride(0), s1 = x.stride(1);
   T* data = x.data_ptr<T>();
   const T* c = cos.data_ptr<T>();
