@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The Llama block's norms: before attention, and before the MLP (HF names it after attention).
+LLAMA_NORMS = ("input_layernorm", None, "post_attention_layernorm", None)
+
 
 @dataclass(frozen=True)
 class MoE:
@@ -35,7 +38,19 @@ class Architecture:
     """One family's departures from the Llama block; all unset is the Llama block itself."""
 
     qkv_bias: bool = False  # q/k/v carry a bias whatever `attention_bias` says (Qwen2)
-    qk_norm: bool = False  # every head of q and of k is RMS-normalised (weights [head_dim]) before RoPE (Qwen3)
+    # q and k RMS-normalised before RoPE: "head", each head (weights [head_dim], Qwen3); "projection", the whole
+    # q and k projections (weights [heads * head_dim], OLMo 2).
+    qk_norm: str | None = None
+    # The checkpoint names of a layer's norms at (attention input, attention output, MLP input, MLP output);
+    # None where there is none. An output norm applies to the sub-layer's output before the residual add.
+    layer_norms: tuple[str | None, str | None, str | None, str | None] = LLAMA_NORMS
+    # SmolLM3's NoPE layers: `no_rope_layers` (1 where a layer applies RoPE, 0 where not) or, absent, every
+    # `no_rope_layer_interval`-th layer (this default when that is absent too) applies none.
+    nope_interval: int | None = None
+    # Checkpoint tensors holding several projections (Phi-3): (fused module, its parts in output order). Split
+    # when read (inference/weight_files.py), so everything after sees the Llama names.
+    fused_weights: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    reads: frozenset[str] = frozenset()  # config fields this family alone reads (others refuse them)
     # Sliding windows (`layer_windows`): whether HF's family applies `sliding_window` at all (where not, the
     # window fields are refused by name), the field that must be true for it to apply (Qwen's), whether the
     # family reads `layer_types` (Mistral's ignores it), and without `layer_types` the field naming the first
@@ -47,6 +62,11 @@ class Architecture:
     moe: MoE | None = None  # sparse MLP layers (Qwen3-MoE, Mixtral, DeepSeek-V2)
     mla: bool = False  # multi-head latent attention (inference/mla.py; DeepSeek-V2)
 
+    @property
+    def llama_block(self) -> bool:
+        """Whether a layer is the Llama block's (up to biases): what the one-call C++ decoder stack runs."""
+        return self.qk_norm is None and self.layer_norms == LLAMA_NORMS and self.moe is None and not self.mla
+
 
 QWEN_WINDOW = dict(window=True, window_switch="use_sliding_window", reads_layer_types=True,
                    window_from_layer="max_window_layers")
@@ -55,10 +75,20 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(),
     "mistral": Architecture(window=True),
     "qwen2": Architecture(qkv_bias=True, **QWEN_WINDOW),
-    "qwen3": Architecture(qk_norm=True, **QWEN_WINDOW),
+    "qwen3": Architecture(qk_norm="head", **QWEN_WINDOW),
+    "olmo2": Architecture(qk_norm="projection",
+                          layer_norms=(None, "post_attention_layernorm", None, "post_feedforward_layernorm")),
+    # SmolLM3 windows the layers `layer_types` names, under use_sliding_window (HF derives them from the NoPE
+    # layers when absent: `nope_layers` refuses that case).
+    "smollm3": Architecture(nope_interval=4, reads=frozenset({"no_rope_layers", "no_rope_layer_interval"}),
+                            window=True, window_switch="use_sliding_window", reads_layer_types=True),
+    # Phi-3 windows every layer when sliding_window is set (Phi-3-mini-4k's 2,047), as Mistral.
+    "phi3": Architecture(fused_weights=(("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                                        ("mlp.gate_up_proj", ("gate_proj", "up_proj"))),
+                         reads=frozenset({"original_max_position_embeddings"}), window=True),
     # HF's Qwen3-MoE and Mixtral window every layer (Qwen3-MoE's under use_sliding_window; neither reads
     # max_window_layers or layer_types).
-    "qwen3_moe": Architecture(qk_norm=True, window=True, window_switch="use_sliding_window",
+    "qwen3_moe": Architecture(qk_norm="head", window=True, window_switch="use_sliding_window",
                               moe=MoE("mlp", ("gate_proj", "up_proj", "down_proj"), "moe_intermediate_size",
                                       normalize="norm_topk_prob")),
     "mixtral": Architecture(window=True, moe=MoE("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size",
@@ -88,7 +118,8 @@ READ_FIELDS = frozenset({
 # SamplingParams; generation_config.json is not applied yet, see docs/models.md).
 HARMLESS_FIELDS = frozenset({
     "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "use_cache",
-    "initializer_range", "attention_dropout", "pretraining_tp", "output_hidden_states", "output_attentions",
+    "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "pretraining_tp", "output_hidden_states",
+    "output_attentions",
     "return_dict", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id",
     "problem_type", "pad_token_id", "bos_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id",
     "tokenizer_class", "use_bfloat16", "tf_legacy_loss", "torchscript", "pruned_heads", "add_cross_attention",
@@ -139,7 +170,8 @@ def architecture(config: dict[str, Any], where: str) -> Architecture:
     if arch.window:
         layer_windows(config, arch, where)  # refuses a window setting it cannot state
         windows = WINDOW_FIELDS if arch.reads_layer_types else WINDOW_FIELDS - {"layer_types"}
-    unknown = sorted(set(config) - READ_FIELDS - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES) - windows)
+    unknown = sorted(set(config) - READ_FIELDS - arch.reads - HARMLESS_FIELDS - set(IMPLEMENTED_VALUES)
+                     - windows)
     if unknown:
         raise ValueError(f"{where}: config field(s) {', '.join(unknown)} are not implemented by this engine's "
                          f"{model_type!r} model")
@@ -175,3 +207,22 @@ def layer_windows(config: dict[str, Any], arch: Architecture, where: str) -> lis
             raise ValueError(f"{where}: {arch.window_from_layer} (an integer) is needed with sliding_window")
         first = config[arch.window_from_layer]
     return [window if i >= first else None for i in range(num_layers)]
+
+
+def nope_layers(config: dict[str, Any], arch: Architecture, where: str) -> tuple[int, ...]:
+    """The layers that apply no RoPE (SmolLM3's NoPE layers, read as transformers' SmolLM3Config reads them)."""
+    if arch.nope_interval is None:
+        return ()
+    if config.get("use_sliding_window") and config.get("sliding_window") is not None and not config.get("layer_types"):
+        raise ValueError(f"{where}: use_sliding_window without layer_types is not implemented (transformers then "
+                         "windows the NoPE layers); state layer_types")
+    num_layers = config["num_hidden_layers"]
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval", arch.nope_interval)
+        if not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"{where}: no_rope_layer_interval must be a positive integer, got {interval!r}")
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if not isinstance(flags, list) or len(flags) != num_layers or any(f not in (0, 1) for f in flags):
+        raise ValueError(f"{where}: no_rope_layers must hold one 0 or 1 per layer ({num_layers}), got {flags!r}")
+    return tuple(i for i, rotates in enumerate(flags) if not rotates)

@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from inference.architectures import Architecture, architecture, layer_windows
+from inference.architectures import Architecture, architecture, layer_windows, nope_layers
 from inference.linear import Linear, LinearWeight, PackedFloatWeight
 from inference.mla import LatentAttention, LatentKV, deinterleave_rope_rows
 from inference.moe import MoEConfig, SparseMoE
@@ -57,6 +57,7 @@ class ModelConfig:
     # Latent attention (`architecture.mla`, inference/mla.py); then the cache holds one "KV head" per token
     # whose `head_dim` is the latent plus the RoPE key, and RoPE rotates `rope_dim` dimensions.
     mla: LatentKV | None = None
+    nope_layers: tuple[int, ...] = ()  # layers that apply no RoPE (SmolLM3's)
 
     def window(self, layer: int) -> int | None:
         """`layer`'s sliding window, or None for full attention."""
@@ -99,6 +100,7 @@ class ModelConfig:
             moe=MoEConfig.from_config(cfg, arch.moe, where) if arch.moe else None,
             mla=mla,
             windows=layer_windows(cfg, arch, where),
+            nope_layers=nope_layers(cfg, arch, where),
         )
 
 
@@ -133,30 +135,33 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half layout HF uses; cos/sin precomputed for every position from the checkpoint's
-    rope_type (inference/rope.py), scaled as HF scales them (YaRN's attention factor).
+    rope_type (inference/rope.py), scaled as HF scales them (YaRN's and LongRoPE's attention factor), over the
+    rotated dimensions of a head (all of them but with `partial_rotary_factor`). LongRoPE's table is HF's for
+    a sequence of `max_model_len` tokens (inference/rope.py says when that equals HF).
 
     `tables` looks a step's positions up once (the forward shares them across layers, saving two index ops
     and two casts per layer); the kernels' `rotary_embedding_` applies them to q and k in place.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, rope: dict) -> None:
+    def __init__(self, head_dim: int, max_positions: int, rope: dict, max_model_len: int | None = None) -> None:
         super().__init__()
-        inv_freq, scale = inverse_frequencies(rope, head_dim, max_positions)
+        inv_freq, scale = inverse_frequencies(rope, head_dim, max_positions, max_model_len)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", freqs.cos() * scale, persistent=False)
         self.register_buffer("sin", freqs.sin() * scale, persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of every token's position, `[num_tokens, head_dim / 2]` in `dtype`, for the kernels'
+        """cos and sin of every token's position, `[num_tokens, rotary_dim / 2]` in `dtype`, for the kernels'
         `rotary_embedding_` (kernels/reference.py)."""
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class Attention(nn.Module):
     """This rank's heads: q/k/v column-parallel, o row-parallel (one all-reduce). With a `window`, each token
-    attends to the last `window` positions up to its own (kernels/reference.py), else to all of them."""
+    attends to the last `window` positions up to its own (kernels/reference.py), else to all of them. `rotate`
+    False: a NoPE layer (no RoPE on q and k)."""
 
-    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, group: Group, window: int | None = None, rotate: bool = True) -> None:
         super().__init__()
         self.window = window
         self.num_heads, self.num_kv_heads = cfg.num_heads // group.size, cfg.num_kv_heads // group.size
@@ -166,9 +171,11 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, reduce_group=group)
         self.scale = cfg.head_dim**-0.5
+        self.rotate = rotate
         self.qk_norm = None
-        if cfg.architecture.qk_norm:
-            self.qk_norm = nn.ModuleList(RMSNorm(cfg.head_dim, cfg.rms_norm_eps) for _ in "qk")
+        if cfg.architecture.qk_norm is not None:
+            widths = (cfg.head_dim,) * 2 if cfg.architecture.qk_norm == "head" else (self.q_size, self.kv_size)
+            self.qk_norm = nn.ModuleList(RMSNorm(width, cfg.rms_norm_eps) for width in widths)
 
     def forward(
         self,
@@ -181,10 +188,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         # q's and k's heads are adjacent columns of the fused output: rotated together, in place.
         qk = qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
-        if self.qk_norm is not None:
-            for norm, heads in zip(self.qk_norm, (qk[:, : self.num_heads], qk[:, self.num_heads :])):
-                heads.copy_(norm(heads.reshape(-1, self.head_dim), ops).view(heads.shape))
-        ops.rotary_embedding_(qk, *rope)
+        if self.qk_norm is not None:  # over each head, or over the whole projection (the norm's width says)
+            for norm, part in zip(self.qk_norm, (qk[:, : self.num_heads], qk[:, self.num_heads :])):
+                part.copy_(norm(part.reshape(-1, norm.weight.shape[0]), ops).view(part.shape))
+        if self.rotate:
+            ops.rotary_embedding_(qk, *rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.num_kv_heads, self.head_dim)
         key_cache, value_cache = kv_cache
@@ -215,16 +223,34 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Attention and MLP, each added to the residual stream, with the family's norms where it places them
+    (`Architecture.layer_norms`: Llama's before each, OLMo 2's on each output); each norm is an attribute
+    under its checkpoint name."""
+
     def __init__(self, cfg: ModelConfig, group: Group, index: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LatentAttention(cfg, RMSNorm) if cfg.mla else Attention(cfg, group, cfg.window(index))
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.mla:
+            self.self_attn = LatentAttention(cfg, RMSNorm)
+        else:
+            self.self_attn = Attention(cfg, group, cfg.window(index), rotate=index not in cfg.nope_layers)
         if cfg.is_sparse(index):
             shared = cfg.moe.shared_intermediate_size
             self.mlp = SparseMoE(cfg.hidden_size, cfg.moe, MLP(cfg, group, shared) if shared else None)
         else:
             self.mlp = MLP(cfg, group)
+        for name in filter(None, cfg.architecture.layer_norms):
+            setattr(self, name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+        # (attention input, attention output, MLP input, MLP output): a plain tuple, the modules registered above
+        self.norms = tuple(name and getattr(self, name) for name in cfg.architecture.layer_norms)
+
+    def step(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+             kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: ModuleType) -> torch.Tensor:
+        """The residual stream after this layer (a method, not `forward`: no module hooks per layer)."""
+        attn_in, attn_out, mlp_in, mlp_out = self.norms
+        x = self.self_attn(h if attn_in is None else attn_in(h, ops), rope, kv_cache, meta, ops)
+        h = h + (x if attn_out is None else attn_out(x, ops))
+        x = self.mlp(h if mlp_in is None else mlp_in(h, ops), ops)
+        return h + (x if mlp_out is None else mlp_out(x, ops))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -264,18 +290,17 @@ class LlamaForCausalLM(nn.Module):
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
                                       self.layers[0].self_attn.scale, self.norm.eps, rows, self.stack_windows)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = h + layer.self_attn(layer.input_layernorm(h, ops), rope, kv_cache, meta, ops)
-            h = h + layer.mlp(layer.post_attention_layernorm(h, ops), ops)
+            h = layer.step(h, rope, kv_cache, meta, ops)
         return self.norm(h if rows is None else h[rows], ops)
 
     def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
         """The weights `ops.decoder_layers` takes when the step can run as one C++ call (kernels/cpu_kernels.py):
         six per layer (input norm, q/k/v, o, post-attention norm, gate/up, down) and the final norm. None where
-        the layers must run here: a backend without it, a family that departs from the Llama block
-        (q/k norm, experts, latent attention), tensor parallelism, LoRA, a bias, or a weight not in oneDNN's packed layout (a
-        quantized one). The list is made once; LoRA, installed after loading, is checked every step."""
-        arch = self.cfg.architecture
-        if not hasattr(ops, "decoder_layers") or arch.qk_norm or arch.moe or arch.mla:
+        the layers must run here: a backend without it, a family that departs from the Llama block (q/k norm,
+        other norm placement, NoPE layers, experts, latent attention), tensor parallelism, LoRA, a bias, or a weight
+        not in oneDNN's packed layout (a quantized one). Partial rotary runs in it (its rotary reads the table's
+        width). The list is made once; LoRA, installed after loading, is checked every step."""
+        if not hasattr(ops, "decoder_layers") or not self.cfg.architecture.llama_block or self.cfg.nope_layers:
             return None
         if not hasattr(self, "_stack"):
             linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
@@ -301,11 +326,13 @@ class LlamaForCausalLM(nn.Module):
 
 
 def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
-               quant: QuantizationConfig | None = None, group: Group | None = None) -> LlamaForCausalLM:
+               quant: QuantizationConfig | None = None, group: Group | None = None,
+               max_model_len: int | None = None) -> LlamaForCausalLM:
     """Build the model and fill it from the folder's weights (or `quant`'s GGUF), fusing q/k/v and gate/up.
 
     Each layer's weight is stored as `quant` says (`inference.quantization.linear_weight`); float by default.
-    With a `group` of several ranks, only this rank's shard of each weight is read and kept.
+    With a `group` of several ranks, only this rank's shard of each weight is read and kept. `max_model_len`
+    (the engine's; None: max_position_embeddings) picks LongRoPE's table (inference/rope.py).
     """
     cfg = ModelConfig.from_folder(folder)
     group = group or Group.single()
@@ -316,9 +343,9 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.to_empty(device=device)
-    model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope).to(device)
+    model.rope = RotaryEmbedding(cfg.rope_dim, cfg.max_position_embeddings, cfg.rope, max_model_len).to(device)
     weights = read_weights(folder, quant, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-                           WeightShards(cfg, group))
+                           WeightShards(cfg, group), cfg.architecture.fused_weights)
     source = folder if quant is None or quant.gguf_file is None else quant.gguf_file
 
     def take(name: str) -> torch.Tensor | Int4Codes:
@@ -409,8 +436,8 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         else:
             linear(layer.mlp.gate_up_proj, mlp + "gate_up_proj", mlp + "gate_proj.weight", mlp + "up_proj.weight")
             linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
-        norm(layer.input_layernorm, f"layers.{i}.input_layernorm")
-        norm(layer.post_attention_layernorm, f"layers.{i}.post_attention_layernorm")
+        for name in filter(None, cfg.architecture.layer_norms):
+            norm(getattr(layer, name), f"layers.{i}.{name}")
         if getattr(layer.self_attn, "qk_norm", None) is not None:
             for module, x in zip(layer.self_attn.qk_norm, "qk"):
                 norm(module, attn + f"{x}_norm")

@@ -103,7 +103,8 @@ class ModelRunner:
 
     def _load(self, args: EngineArgs, folder: Path, weights_of: ModelRunner | None) -> None:
         if weights_of is None:
-            self.model = load_model(folder, self.device, self.dtype, self.quantization, self.group)
+            self.model = load_model(folder, self.device, self.dtype, self.quantization, self.group,
+                                    args.max_model_len)
         else:  # another engine's weights (a lab sandbox's), quantized or not; this runner's own KV pool
             self.quantization, self.model = weights_of.quantization, weights_of.model
         self.weight_bytes_per_rank = resident_bytes(self.model)

@@ -99,6 +99,9 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                                  f"int4 groups of {quant.group_size} do not divide")
     if args.enable_lora:
         raise ValueError("tensor_parallel_size>1 does not support enable_lora yet")
+    if cfg.architecture.qk_norm == "projection":
+        raise ValueError("tensor_parallel_size>1 does not support a q/k norm over the whole projection (OLMo 2's) "
+                         "yet: each rank holds only some heads of it")
     if device.type == "cuda":
         available = torch.cuda.device_count() - (device.index or 0)
         if size > available:

@@ -4,12 +4,22 @@ transformers configs (and the built-in model's) load, each with its Architecture
 import json
 
 import pytest
-from transformers import LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+import torch
+from safetensors.torch import save_file
+from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+                          Qwen3Config, Qwen3MoeConfig, SmolLM3Config)
 
 from inference.architectures import ARCHITECTURES
+from inference.config import EngineArgs
 from inference.model import ModelConfig
 from inference.model_loader import DEFAULT_MODEL, resolve_model
+from inference.parallel.ranks import check_tensor_parallel
+from inference.quantization import QuantizationConfig
+from inference.weight_files import read_weights
 from tests.inference.tiny_models import SHAPE
+
+# The new families' configs with ids inside SHAPE's vocabulary (their defaults name their own tokenizers').
+IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def load(tmp_path, config: dict) -> ModelConfig:
@@ -17,12 +27,46 @@ def load(tmp_path, config: dict) -> ModelConfig:
     return ModelConfig.from_folder(tmp_path)
 
 
-@pytest.mark.parametrize("config_cls", [LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config])
+@pytest.mark.parametrize("config_cls", [LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, Olmo2Config,
+                                        SmolLM3Config, Phi3Config])
 def test_families_own_configs_load(tmp_path, config_cls):
-    cfg = load(tmp_path, config_cls(**SHAPE).to_dict())
+    cfg = load(tmp_path, config_cls(**SHAPE, **IDS).to_dict())
     assert cfg.architecture == ARCHITECTURES[config_cls.model_type]
-    assert cfg.architecture.qk_norm == (config_cls is Qwen3Config)
+    assert cfg.architecture.qk_norm == {Qwen3Config: "head", Olmo2Config: "projection"}.get(config_cls)
+    assert cfg.architecture.llama_block == (config_cls not in (Qwen3Config, Olmo2Config))
     assert cfg.attention_bias == (config_cls is Qwen2Config)
+    assert cfg.nope_layers == ()  # SmolLM3's default interval of 4 leaves 2 layers with RoPE
+
+
+def test_smollm3_nope_layers_read_as_transformers_reads_them(tmp_path):
+    config = SmolLM3Config(**{**SHAPE, "num_hidden_layers": 8}, **IDS).to_dict()
+    assert load(tmp_path, config).nope_layers == (3, 7)  # every 4th layer
+    assert load(tmp_path, {**config, "no_rope_layers": [1, 0] * 4}).nope_layers == (1, 3, 5, 7)
+    del config["no_rope_layers"]
+    assert load(tmp_path, {**config, "no_rope_layer_interval": 2}).nope_layers == (1, 3, 5, 7)
+    with pytest.raises(ValueError, match="no_rope_layers must hold one 0 or 1 per layer"):
+        load(tmp_path, {**config, "no_rope_layers": [1, 0]})
+
+
+def test_olmo2_under_tensor_parallelism_is_refused(tmp_path):
+    cfg = load(tmp_path, Olmo2Config(**SHAPE, **IDS).to_dict())
+    with pytest.raises(ValueError, match="q/k norm over the whole projection"):
+        check_tensor_parallel(EngineArgs(model=str(tmp_path), tensor_parallel_size=2), cfg, torch.device("cpu"),
+                              None)
+
+
+def test_phi3_fused_weights_split_into_llama_names_and_awq_is_refused(tmp_path):
+    qkv, gate_up = torch.randn(4 * 16 + 2 * 2 * 16, 64), torch.randn(2 * 128, 64)
+    save_file({"model.layers.0.self_attn.qkv_proj.weight": qkv, "model.layers.0.mlp.gate_up_proj.weight": gate_up},
+              str(tmp_path / "model.safetensors"))
+    fused = ARCHITECTURES["phi3"].fused_weights
+    weights = read_weights(tmp_path, None, 1, 64, 4, 2, None, fused)
+    assert sorted(weights) == [f"layers.0.{m}.weight" for m in ("mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj",
+                                                               "self_attn.q_proj", "self_attn.v_proj")]
+    assert torch.equal(torch.cat([weights[f"layers.0.self_attn.{x}_proj.weight"] for x in "qkv"]), qkv)
+    assert torch.equal(weights["layers.0.mlp.gate_proj.weight"], gate_up[:128])
+    with pytest.raises(ValueError, match="AWQ checkpoint of a model with fused qkv_proj / gate_up_proj"):
+        read_weights(tmp_path, QuantizationConfig("awq"), 1, 64, 4, 2, None, fused)
 
 
 def test_builtin_model_config_loads():
@@ -38,7 +82,9 @@ def test_builtin_model_config_loads():
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
     ({"sliding_window": 64}, "sliding_window"),
     ({"model_type": "gemma2"}, "'gemma2'"),
-    ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}}, "'longrope'"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'"),
+    ({"no_rope_layers": [1, 0]}, "no_rope_layers"),  # SmolLM3's alone
+    ({"original_max_position_embeddings": 64}, "original_max_position_embeddings"),  # Phi-3's alone
 ])
 def test_unimplemented_field_is_refused_by_name(tmp_path, change, named):
     with pytest.raises(ValueError, match=named):

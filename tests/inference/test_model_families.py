@@ -3,14 +3,21 @@ model built from the family's own transformers config, on the C++ CPU backend an
 prefix caching on (the prompts run twice, the second time from cached blocks) and chunked prefill, and with
 prefix caching off under preemption. RoPE scaling starts at a small `original_max_position_embeddings`, and
 sliding windows are 17 to 24 tokens, so prompt plus output cross them.
+
+OLMo 2 (norms on each sub-layer's output, q/k norm over the whole projections) and SmolLM3 (a NoPE layer) run
+layer by layer on the C++ backend; Phi-3 (fused checkpoint tensors, partial rotary, LongRoPE) runs the one-call
+C++ decoder stack. LongRoPE is tested on both sides of inference/rope.py's condition for HF equality:
+max_model_len (256) <= original_max_position_embeddings (the short factors throughout), and every prompt
+longer than original_max_position_embeddings (the long factors throughout).
 """
 
 import pytest
 import torch
 from transformers import (
     AutoTokenizer, DeepseekV2Config, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-    MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-    Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+    MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Olmo2Config, Olmo2ForCausalLM, Phi3Config,
+    Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+    Qwen3MoeForCausalLM, SmolLM3Config, SmolLM3ForCausalLM,
 )
 
 import kernels.cpu_kernels
@@ -23,6 +30,16 @@ MAX_TOKENS = 64
 PROMPTS = [ORACLE_PROMPTS[i] for i in (1, 4, 6, 7)]  # 5 to ~150 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+# Phi-3's config derives head_dim from hidden_size (its rope checks do too): 4 heads of 32, 24 of them rotated.
+PHI3_SHAPE = {**SHAPE, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def phi3_longrope(original: int) -> dict:
+    """Phi-4-mini's RoPE (LongRoPE, partial_rotary_factor 0.75) with distinct short and long factors per pair."""
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.05 * i for i in range(12)], "long_factor": [1.5 + 0.5 * i for i in range(12)],
+            "original_max_position_embeddings": original}
+
 
 DEEPSEEK = {**{k: v for k, v in FAMILY_SHAPE.items() if k != "head_dim"}, "num_key_value_heads": 4,
             "kv_lora_rank": 48, "q_lora_rank": None, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
@@ -55,6 +72,15 @@ FAMILIES = {
                                                    max_window_layers=1)),
     "qwen2-layer-types": (Qwen2ForCausalLM, Qwen2Config(**FAMILY_SHAPE, use_sliding_window=True, sliding_window=17,
                                                         layer_types=["sliding_attention", "full_attention"])),
+    "olmo2": (Olmo2ForCausalLM, Olmo2Config(**FAMILY_SHAPE)),
+    # Every second layer applies no RoPE: layer 1 of 2.
+    "smollm3": (SmolLM3ForCausalLM, SmolLM3Config(**FAMILY_SHAPE, no_rope_layer_interval=2, pad_token_id=None)),
+    # max_model_len 256 <= original 256: HF and the engine use the short factors throughout.
+    "phi3-longrope-short": (Phi3ForCausalLM, Phi3Config(**PHI3_SHAPE, original_max_position_embeddings=256,
+                                                        rope_parameters=phi3_longrope(256))),
+    # Every prompt (5 tokens or more) is longer than original 4: HF and the engine use the long factors.
+    "phi3-longrope-long": (Phi3ForCausalLM, Phi3Config(**PHI3_SHAPE, original_max_position_embeddings=4,
+                                                       rope_parameters=phi3_longrope(4))),
 }
 
 
