@@ -115,7 +115,7 @@ READ_FIELDS = frozenset({
 
 # Fields that do not change a forward pass: file bookkeeping, training-only settings, token ids the tokenizer
 # states, and the generation defaults older transformers wrote into every config (sampling is the request's
-# SamplingParams; generation_config.json is not applied yet, see docs/models.md).
+# SamplingParams, with generation_config.json's suggestions: inference/generation_config.py).
 HARMLESS_FIELDS = frozenset({
     "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "use_cache",
     "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "pretraining_tp", "output_hidden_states",

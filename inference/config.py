@@ -58,6 +58,9 @@ class EngineArgs:
     quantization_group_size: int = 32
     # Engine events kept in the ring buffer (inference/events.py); 0 records nothing unless someone listens.
     event_log_capacity: int = 0
+    # vLLM's: "auto" applies the model's generation_config.json, "vllm" none, a folder path that folder's
+    # (inference/generation_config.py).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

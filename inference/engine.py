@@ -20,6 +20,7 @@ from inference.config import EngineArgs
 from inference.counterfactual import contiguous_admission
 from inference.detokenizer import Detokenizer
 from inference.events import EventLog, Finished, Recording, RequestAdded
+from inference.generation_config import read_generation_config
 from inference.input_processor import InputProcessor, load_tokenizer
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
@@ -46,6 +47,7 @@ class LLMEngine:
         folder = resolve_model(args.model)
         torch.manual_seed(args.seed)
         self.tokenizer = load_tokenizer(folder)
+        self.generation = read_generation_config(folder, args.generation_config)
         self.runner = ModelRunner(args, folder, share_weights_with.runner if share_weights_with else None)
         try:
             self._start(args)
@@ -66,7 +68,8 @@ class LLMEngine:
         self._decode_hypothesis = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         self.structured = StructuredOutputManager(self.tokenizer, self.runner.cfg.vocab_size)
         self.processor = InputProcessor(self.tokenizer, self.runner.cfg.vocab_size, args, self.max_model_len,
-                                        self.runner.lora, self.structured)
+                                        self.runner.lora, self.structured,
+                                        self.generation.stop_token_ids(self.tokenizer.eos_token_id))
         self.requests: dict[str, Request] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0

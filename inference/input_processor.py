@@ -8,6 +8,7 @@ worker's Celery threads call it while the engine steps), and a refused request l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -24,8 +25,12 @@ from inference.structured_outputs import StructuredOutputManager
 
 class InputProcessor:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, args: EngineArgs, max_model_len: int,
-                 lora: LoRAManager | None, structured: StructuredOutputManager) -> None:
+                 lora: LoRAManager | None, structured: StructuredOutputManager,
+                 eos_stop_ids: list[int] | None = None) -> None:
+        """`eos_stop_ids`: generation_config.json's EOS ids besides the tokenizer's, stop tokens of every
+        request without `ignore_eos` (inference/generation_config.py)."""
         self.tokenizer = tokenizer
+        self.eos_stop_ids = eos_stop_ids or []
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len  # the engine's, resolved from the model and the pool
         self.max_num_seqs = args.max_num_seqs
@@ -45,6 +50,9 @@ class InputProcessor:
         host cache when it is there); a structured-outputs grammar starts compiling here."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        extra_stops = [] if params.ignore_eos else [t for t in self.eos_stop_ids if t not in params.stop_token_ids]
+        if extra_stops:  # a copy: the caller's params may serve other requests (and other engines)
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra_stops)
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:

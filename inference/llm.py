@@ -51,6 +51,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a prompt without sampling params runs with, as in vLLM: SamplingParams' defaults, with the
+        fields the model's generation_config.json suggests (inference/generation_config.py) in their place."""
+        return SamplingParams(**self.llm_engine.generation.sampling)
+
     def generate(
         self,
         prompts: Prompt | Seq[Prompt],
@@ -60,12 +65,14 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion in one continuous batch; outputs come back in input order.
 
+        Without `sampling_params`, `get_default_sampling_params()` (the model's suggested sampling).
         `lora_request`: one adapter for every prompt, or a list with one per prompt (None: the base model).
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        params = self._per_prompt(sampling_params, SamplingParams, SamplingParams(), len(prompts), "sampling params")
+        params = self._per_prompt(sampling_params, SamplingParams, self.get_default_sampling_params(), len(prompts),
+                                  "sampling params")
         loras = self._per_prompt(lora_request, LoRARequest, None, len(prompts), "LoRA requests")
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves no half-submitted batch.
