@@ -27,6 +27,7 @@ from tests.inference.oracle_prompts import ORACLE_PROMPTS
 from tests.inference.tiny_models import SHAPE, save_tiny
 
 MAX_TOKENS = 64
+TRITON_TOKENS = 16  # fewer than the others: the interpreter is slow
 PROMPTS = [ORACLE_PROMPTS[i] for i in (1, 4, 6, 7)]  # 5 to ~150 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
@@ -134,3 +135,15 @@ def test_windowed_family_on_triton_equals_hf(family):
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
     assert llm.metrics()["prefix_cache_hits_total"] > 0
     assert_idle(llm)
+
+
+@pytest.mark.slow
+def test_family_greedy_equals_hf_on_triton(family):
+    """The Triton backend (attention kernels interpreted on the CPU; rotary and norms are the reference's):
+    HF's first tokens for every prompt, prefill and decode both through the kernels."""
+    pytest.importorskip("triton")
+    folder, prompts, want = family
+    llm = LLM(model=str(folder), dtype="float32", attention_backend="triton", num_kv_blocks=32, max_model_len=256)
+    assert llm.llm_engine.runner.ops.__name__ == "kernels.triton_kernels"
+    params = SamplingParams(temperature=0, max_tokens=TRITON_TOKENS, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == [w[:TRITON_TOKENS] for w in want]
