@@ -27,7 +27,7 @@ from tests.inference.oracle_prompts import ORACLE_PROMPTS
 from tests.inference.tiny_models import SHAPE, save_tiny
 
 MAX_TOKENS = 64
-TRITON_TOKENS = 16  # fewer than the others: the interpreter is slow
+TRITON_TOKENS = TP_TOKENS = 16  # fewer than the others: the interpreter is slow, rank processes start slowly
 PROMPTS = [ORACLE_PROMPTS[i] for i in (1, 4, 6, 7)]  # 5 to ~150 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
@@ -147,3 +147,18 @@ def test_family_greedy_equals_hf_on_triton(family):
     assert llm.llm_engine.runner.ops.__name__ == "kernels.triton_kernels"
     params = SamplingParams(temperature=0, max_tokens=TRITON_TOKENS, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == [w[:TRITON_TOKENS] for w in want]
+
+
+@pytest.mark.slow
+def test_family_under_tensor_parallelism_equals_hf(family, request):
+    """TP=2 on gloo (2 of 4 query heads and 1 of 2 KV heads a rank; Phi-3's fused tensors split before they
+    are sharded): HF's first tokens for every prompt. OLMo 2's whole-projection q/k norm is refused by name."""
+    folder, prompts, want = family
+    params = SamplingParams(temperature=0, max_tokens=TP_TOKENS, ignore_eos=True)
+    if request.node.callspec.params["family"] == "olmo2":
+        with pytest.raises(ValueError, match="q/k norm over the whole projection"):
+            LLM(model=str(folder), num_kv_blocks=64, max_model_len=256, tensor_parallel_size=2)
+        return
+    with LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_model_len=256, tensor_parallel_size=2) as llm:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == [w[:TP_TOKENS] for w in want]
+        assert_idle(llm)
