@@ -15,6 +15,8 @@ factor. A paged cache fixes one table per engine, as vLLM does: the table HF com
 equals HF token for token whenever `max_model_len <= original_max_position_embeddings`, and beyond that for
 every sequence whose prompt is longer than `original_max_position_embeddings` (HF then uses the long factor
 at every forward); a shorter prompt under a longer `max_model_len` differs from HF, which starts it short.
+With `max_model_len` unset the table is chosen for `max_position_embeddings` (vLLM derives max_model_len from
+it) even where the engine then shrinks max_model_len to a smaller KV pool: set `max_model_len` to choose.
 
 Refused by name: `dynamic` (transformers recomputes its table from the whole sequence's length at each
 forward, which a paged cache holding keys rotated at earlier lengths cannot reproduce token for token).

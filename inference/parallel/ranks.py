@@ -87,6 +87,9 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
     if cfg.moe is not None:
         raise ValueError("tensor_parallel_size>1 does not support a mixture of experts yet (its experts would be "
                          "split or placed per rank: expert parallelism is not implemented)")
+    if cfg.architecture.qk_norm == "projection":
+        raise ValueError("tensor_parallel_size>1 does not support a q/k norm over the whole projection (OLMo 2's) "
+                         "yet: each rank holds only some heads of it")
     check_divisible(cfg, size)
     if quant is not None and quant.method in ("gguf", "awq", "gptq"):
         raise ValueError(f"tensor_parallel_size>1 does not support quantization={quant.method!r} yet "
@@ -99,9 +102,6 @@ def check_tensor_parallel(args: EngineArgs, cfg: ModelConfig, device: torch.devi
                                  f"int4 groups of {quant.group_size} do not divide")
     if args.enable_lora:
         raise ValueError("tensor_parallel_size>1 does not support enable_lora yet")
-    if cfg.architecture.qk_norm == "projection":
-        raise ValueError("tensor_parallel_size>1 does not support a q/k norm over the whole projection (OLMo 2's) "
-                         "yet: each rank holds only some heads of it")
     if device.type == "cuda":
         available = torch.cuda.device_count() - (device.index or 0)
         if size > available:
