@@ -113,6 +113,11 @@ def qwen2(**change) -> dict:
     # HF's Mixtral and Qwen3-MoE window every layer (the latter under use_sliding_window).
     (MixtralConfig(**SHAPE, sliding_window=64).to_dict(), [64, 64]),
     (Qwen3MoeConfig(**SHAPE, use_sliding_window=True, sliding_window=64).to_dict(), [64, 64]),
+    # SmolLM3 windows its NoPE layers (HF writes layer_types so), under use_sliding_window; Phi-3 every layer.
+    (SmolLM3Config(**SHAPE, **IDS, use_sliding_window=True, sliding_window=64, no_rope_layer_interval=2).to_dict(),
+     [None, 64]),
+    (SmolLM3Config(**SHAPE, **IDS, sliding_window=64, no_rope_layer_interval=2).to_dict(), [None, None]),
+    (Phi3Config(**SHAPE, **IDS, sliding_window=64).to_dict(), [64, 64]),
 ])
 def test_each_layers_window_is_read_as_hf_reads_it(tmp_path, config, windows):
     assert load(tmp_path, config).windows == windows
@@ -127,6 +132,11 @@ def test_each_layers_window_is_read_as_hf_reads_it(tmp_path, config, windows):
     # HF's Mistral ignores layer_types (Ministral reads it): refused rather than read either way.
     ({**MistralConfig(**SHAPE, sliding_window=64).to_dict(), "layer_types": ["sliding_attention"] * 2},
      "layer_types"),
+    # SmolLM3 without layer_types would window its NoPE layers (HF derives them): refused, not guessed.
+    ({**SmolLM3Config(**SHAPE, **IDS, use_sliding_window=True, sliding_window=64).to_dict(), "layer_types": None},
+     "use_sliding_window without layer_types"),
+    # OLMo 2's HF model has no window.
+    ({**Olmo2Config(**SHAPE, **IDS).to_dict(), "sliding_window": 64}, "sliding_window"),
 ])
 def test_a_window_setting_the_engine_cannot_state_is_refused_by_name(tmp_path, config, named):
     with pytest.raises(ValueError, match=named):

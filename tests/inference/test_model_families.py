@@ -87,6 +87,10 @@ FAMILIES = {
     # Every prompt (5 tokens or more) is longer than original 4: HF and the engine use the long factors.
     "phi3-longrope-long": (Phi3ForCausalLM, Phi3Config(**PHI3_SHAPE, original_max_position_embeddings=4,
                                                        rope_parameters=phi3_longrope(4))),
+    # Windows: Phi-3 on every layer with partial rotary (the one-call C++ stack); SmolLM3 on its NoPE layer.
+    "phi3-window": (Phi3ForCausalLM, Phi3Config(**PHI3_SHAPE, sliding_window=20, partial_rotary_factor=0.75)),
+    "smollm3-window": (SmolLM3ForCausalLM, SmolLM3Config(**FAMILY_SHAPE, no_rope_layer_interval=2, pad_token_id=None,
+                                                         use_sliding_window=True, sliding_window=20)),
 }
 
 
