@@ -16,7 +16,7 @@ thread with StreamingEngine.call_in_background, which keeps it to the gaps the l
 from __future__ import annotations
 
 import string
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from inference.beam_search import BeamSearchParams
 from inference.config import DTYPES, EngineArgs
@@ -89,21 +89,25 @@ class LabRequest:
 class LabSession:
     """One presenter's sandbox: its own pool and event log, optionally another engine's weights."""
 
-    def __init__(self, config: LabConfig, shared: LLMEngine | None = None, model: str | None = None) -> None:
-        """`shared`: an engine whose weights (and model, device, dtype) the sandbox reuses; without it the
-        sandbox loads `model` (default: the built-in one) itself, in float32 on the CPU."""
-        self.config = config
+    def __init__(self, config: LabConfig, shared: LLMEngine | None = None, model: str | None = None,
+                 pool_bytes: int | None = None) -> None:
+        """`shared`: an engine whose weights (and model, device, dtype, attention backend) the sandbox reuses; without it the
+        sandbox loads `model` (default: the built-in one) itself, in float32 on the CPU. `pool_bytes`: size the
+        pool in bytes instead of `config.num_blocks` blocks: the engine divides them by its block's bytes (so a
+        model with a smaller cache per token gets more blocks), and `self.config` states the blocks it got."""
         if shared is not None:
             placement = {"model": shared.args.model, "device": str(shared.runner.device),
-                         "dtype": DTYPE_NAMES[shared.runner.dtype]}
+                         "dtype": DTYPE_NAMES[shared.runner.dtype], "attention_backend": shared.args.attention_backend}
         else:
             placement = {"device": "cpu", "dtype": "float32", **({"model": model} if model else {})}
         args = EngineArgs(
-            num_kv_blocks=config.num_blocks, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+            **({"kv_cache_memory": pool_bytes} if pool_bytes else {"num_kv_blocks": config.num_blocks}),
+            block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
             enable_prefix_caching=True, event_log_capacity=10_000, **placement,
         )
         self.engine = LLMEngine(args, share_weights_with=shared)
+        self.config = replace(config, num_blocks=self.engine.runner.num_blocks)  # checks a bytes-sized pool too
         self.engine.start_recording(limit=RECORDING_LIMIT)  # from the empty pool: the whole lab replays
         self.requests: dict[str, LabRequest] = {}
         self._engine_requests: dict[str, Request] = {}  # kept after the engine forgets finished ones

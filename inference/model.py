@@ -415,14 +415,17 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
         module.weight.data.copy_(value)
 
     def load_experts(module: SparseMoE, block: str) -> None:
-        if quant is not None:
+        if quant is not None and quant.method not in ("int8", "int4"):
             raise ValueError(f"{source}: quantization={quant.method!r} of a mixture of experts is not implemented "
-                             "(its experts load as float weights only)")
+                             "(its experts load as float, int8 or int4 weights)")
         spec = cfg.architecture.moe
         experts = [tuple(take(f"{block}experts.{e}.{name}.weight") for name in spec.expert_weights)
                    for e in range(cfg.moe.num_experts)]
         try:
-            module.load(take(block + "gate.weight"), experts, dtype, device)
+            if quant is None:
+                module.load(take(block + "gate.weight"), experts, dtype, device)
+            else:
+                module.load(take(block + "gate.weight"), experts, dtype, device, quant.method, quant.group_size)
         except ValueError as exc:
             raise ValueError(f"{source}: {block.rstrip('.')}: {exc}") from None
         if module.shared is not None:

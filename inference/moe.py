@@ -11,13 +11,19 @@ own, step for step, so that float32 output is bit for bit theirs:
    top-k first keeps the experts of the `topk_group` groups whose best expert scores highest), renormalised to
    sum to one where the family does (Mixtral always; Qwen3-MoE when `norm_topk_prob`; DeepSeek-V2 never),
    times DeepSeek's `routed_scaling_factor`;
-2. the step's tokens grouped by expert: for each expert some token chose, in ascending expert order, one
-   matmul over exactly the tokens that chose it (not one per token), scaled by each token's router weight and
-   added into the output. Adding in expert order per token is HF's order, so float sums round alike.
+2. the experts, through the backend's fused-MoE (`kernels.fused_moe_for(ops)`): on the CPU (and the torch
+   backend) the step's tokens grouped by expert, for each expert some token chose, in ascending expert order,
+   one matmul over exactly the tokens that chose it (not one per token), scaled by each token's router weight
+   and added into the output (`kernels.moe_reference`; HF's order per token, so float sums round alike); on
+   CUDA the Triton fused-MoE kernel (`kernels.moe_triton`: tokens sorted into per-expert blocks, one grouped
+   GEMM for gate/up with SiLU-and-mul, one for down, the weighted sum).
 
-The experts are held as two stacked float tensors, `[E, 2I, H]` (gate rows then up rows) and `[E, H, I]`,
-the shape vLLM's fused-MoE kernels take. Quantized experts, LoRA on experts and tensor parallelism over
-experts are refused at load (`inference/model.py`, `inference/parallel/ranks.py`), by name.
+The experts are held as two stacked tensors, `[E, 2I, H]` (gate rows then up rows) and `[E, H, I]`, the shape
+vLLM's fused-MoE kernels take: float, or with `quantization="int8"` int8 codes with a scale per expert and
+output row (`gate_up_scales [E, 2I]`, `down_scales [E, H]`, as `Int8Weight`), or with `quantization="int4"`
+each expert's group-wise int4 codes two a byte with their scales and zeros (`kernels.int4_reference`'s
+layout); the router stays float. Other quantization methods, LoRA on experts and tensor parallelism over experts are refused at load
+(`inference/model.py`, `inference/parallel/ranks.py`), by name.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import reference
+from inference.quantization.weights import quantize_experts
+from kernels import fused_moe_for, int4_reference, reference
+from kernels.moe_reference import int4_group_size
 
 if TYPE_CHECKING:
     from inference.architectures import MoE
@@ -96,6 +104,9 @@ class SparseMoE(nn.Module):
         self.gate = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
         self.gate_up = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
         self.down = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
+        # Quantized experts' scales (kernels.moe_reference): int8 [E, 2I] and [E, H]; int4 with zeros, per group.
+        self.register_buffer("gate_up_scales", None)
+        self.register_buffer("down_scales", None)
         self.shared = shared
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,19 +128,14 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: ModuleType = reference) -> torch.Tensor:
         experts, weights = self.route(x)
-        out = torch.zeros_like(x)
-        # chosen[e, j, t]: token t chose expert e as its j-th pick.
-        chosen = F.one_hot(experts, self.moe.num_experts).permute(2, 1, 0)
-        for expert in chosen.sum(dim=(1, 2)).nonzero().flatten().tolist():
-            pick, tokens = torch.where(chosen[expert])
-            h = ops.silu_and_mul(F.linear(x[tokens], self.gate_up[expert]))
-            y = F.linear(h, self.down[expert]) * weights[tokens, pick, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
+        out = fused_moe_for(ops)(x, self.gate_up, self.down, experts, weights, self.gate_up_scales, self.down_scales)
         return out if self.shared is None else out + self.shared(x, ops)
 
     def load(self, gate: torch.Tensor, experts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-             dtype: torch.dtype, device: torch.device) -> None:
-        """Fill from the router's `[E, H]` weight and each expert's (gate, up, down) weights, in expert order."""
+             dtype: torch.dtype, device: torch.device, method: str | None = None, group_size: int = 32) -> None:
+        """Fill from the router's `[E, H]` weight and each expert's (gate, up, down) weights, in expert order;
+        with `method` "int8" or "int4", the experts quantized (`quantize_experts`; the router stays float: it is
+        E rows, and every token's routing hangs on it)."""
         if len(experts) != self.moe.num_experts:
             raise ValueError(f"{len(experts)} experts found, the config says {self.moe.num_experts}")
         try:
@@ -141,4 +147,23 @@ class SparseMoE(nn.Module):
             want = getattr(self, name).shape
             if value.shape != want:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {tuple(want)}")
-            setattr(self, name, nn.Parameter(value.to(device, dtype), requires_grad=False))
+            if method is not None and name != "gate":
+                value, scales = quantize_experts(value, method, group_size)
+                setattr(self, f"{name}_scales", scales.to(device, dtype))
+            else:
+                value = value.to(dtype)
+            setattr(self, name, nn.Parameter(value.to(device), requires_grad=False))
+
+    def expert_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 `gate_up` and `down` values the experts multiply by (quantized ones de-quantized)."""
+        return _values(self.gate_up, self.gate_up_scales), _values(self.down, self.down_scales)
+
+
+def _values(stacked: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    if scales is None:
+        return stacked.float()
+    if stacked.dtype == torch.int8:
+        return stacked.float() * scales.float().unsqueeze(-1)
+    group = int4_group_size(stacked, scales)
+    return torch.stack([int4_reference.dequantize_int4(w, sz.float(), group, torch.float32)
+                        for w, sz in zip(stacked, scales)])

@@ -9,18 +9,21 @@ triton is imported. Triton is imported lazily, so ``import kernels`` works where
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 from torch import Tensor
 
-from kernels import cpu_kernels, reference
+from kernels import cpu_kernels, moe_reference, reference
 
 __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefill", "copy_blocks",
-           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "get_backend", "BACKENDS"]
+           "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "fused_moe", "fused_moe_for",
+           "get_backend", "BACKENDS"]
 
 BACKENDS = (None, "auto", "triton", "cpu", "torch")
 
@@ -69,6 +72,22 @@ def _for(tensor: Tensor) -> ModuleType:
     if tensor.is_cuda:
         return _triton()
     return cpu_kernels if tensor.device.type == "cpu" and cpu_kernels.available() else reference
+
+
+def fused_moe_for(ops: ModuleType) -> Callable[..., Tensor]:
+    """The mixture-of-experts computation of backend ``ops`` (a ``get_backend`` module), with
+    ``kernels.moe_reference.fused_moe``'s signature: the Triton fused-MoE kernel (``kernels.moe_triton``) for
+    the triton backend; for the others the grouped torch path with that backend's ``silu_and_mul``, which is
+    HF's order (float32 bit for bit) and what the CPU runs best (one oneDNN matmul per chosen expert)."""
+    if ops.__name__ == "kernels.triton_kernels":
+        return importlib.import_module("kernels.moe_triton").fused_moe
+    return functools.partial(moe_reference.fused_moe, silu_and_mul=ops.silu_and_mul)
+
+
+def fused_moe(x: Tensor, gate_up: Tensor, down: Tensor, experts: Tensor, weights: Tensor,
+              gate_up_scales: Tensor | None = None, down_scales: Tensor | None = None) -> Tensor:
+    """See ``kernels.moe_reference.fused_moe``."""
+    return fused_moe_for(_for(x))(x, gate_up, down, experts, weights, gate_up_scales, down_scales)
 
 
 def silu_and_mul(x: Tensor) -> Tensor:

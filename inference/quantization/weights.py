@@ -161,6 +161,29 @@ class Int4Weight(LinearWeight):
         return out
 
 
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row of the last dimension (`w = code * scale`): int8 codes and float32 scales, the
+    nearest of 255 levels spanning each row's largest magnitude. Leading dimensions are kept (stacked experts
+    `[E, N, K]` give scales `[E, N]`)."""
+    weight = weight.float()
+    scales = (weight.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = (weight / scales.unsqueeze(-1)).round().clamp(-127, 127)
+    return codes.to(torch.int8), scales
+
+
+def quantize_experts(weight: torch.Tensor, method: str, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked experts `[E, N, K]` in the layout `kernels.moe_reference.fused_moe` takes: "int8" gives int8
+    codes `[E, N, K]` and scales `[E, N]` (`quantize_int8_rows`); "int4" gives each expert's `quantize_int4`
+    codes two a byte, uint8 `[E, N, K / 2]`, and its scales and zeros `[E, K / G, N, 2]` (float32)."""
+    if method == "int8":
+        return quantize_int8_rows(weight)
+    if method != "int4":
+        raise ValueError(f"experts quantize to int8 or int4, not {method!r}")
+    experts = [quantize_int4(w, group_size) for w in weight]
+    packed = torch.stack([int4_reference.pack_codes(e.codes) for e in experts])
+    return packed, torch.stack([torch.stack([e.scales.t(), e.zeros.t()], dim=-1) for e in experts])
+
+
 class Int8Weight(LinearWeight):
     """Symmetric int8: `w[n, k] = codes[n, k] * scales[n]` per output row, the codes tiled for "tiled"; or with
     `group_size`, a scale per row and group of inputs, `scales[n, k // group_size]` (GGUF's Q8_0 blocks, kept
@@ -179,10 +202,7 @@ class Int8Weight(LinearWeight):
     @classmethod
     def quantize(cls, weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Int8Weight:
         """Round to the nearest of 255 levels spanning each row's largest magnitude."""
-        weight = weight.float()
-        scales = (weight.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        codes = (weight / scales.unsqueeze(-1)).round().clamp(-127, 127)
-        return cls(codes, scales, device, dtype)
+        return cls(*quantize_int8_rows(weight), device, dtype)
 
     @classmethod
     def from_q8_0_values(cls, weight: torch.Tensor, device: torch.device) -> Int8Weight | None:

@@ -5,7 +5,8 @@
  * {type: "step"}, {type: "abort", label}, {type: "answer", guess}, {type: "recording"}.
  * Frames from it: ready {limits, scenarios, scenario, snapshot}, snapshot {snapshot}, quiz {correct, answer},
  * recording {recording}, closed {message}, error {message}. The limits and scenarios come from the worker
- * (inference/lab.py): this page copies none of them.
+ * (inference/lab.py): this page copies none of them. A comparison scenario's snapshot has `lanes` instead of
+ * one pool (inference/lab_scenarios.py): each lane is drawn with the same views, side by side.
  */
 import { JsonSocket } from "../common/socket.js";
 import { replaySteps } from "./replay.js";
@@ -28,6 +29,12 @@ const COUNTERS = [
   ["num_blocks_used", "used"], ["num_blocks_free", "free"], ["num_blocks_cached", "cached"],
   ["num_blocks_shared", "shared"], ["cow_copies_total", "CoW copies"], ["num_preemptions_total", "preemptions"],
   ["evictions_total", "evictions"], ["prefix_cache_hits_total", "cached prompt tokens"],
+];
+// A comparison lane's figures (inference/lab_scenarios.py ScenarioRun._lane), then its pool's counters.
+const LANE_FIGURES = [
+  ["kv_bytes_per_token", "bytes per token"], ["num_blocks", "blocks"], ["token_slots", "token slots"],
+  ["tokens_held", "tokens held"], ["running", "running"], ["waiting", "waiting"], ["finished", "finished"],
+  ["num_blocks_used", "blocks used"], ["num_preemptions_total", "preemptions"],
 ];
 const CONFIG_FIELDS = [
   ["num_blocks", "Blocks"], ["block_size", "Block size"], ["max_num_seqs", "Max sequences"],
@@ -70,7 +77,7 @@ function handle(msg) {
     state.limits = msg.limits;
     state.scenario = msg.scenario;
     renderScenarioList(msg.scenarios);
-    renderConfigForm(msg.snapshot.config);
+    renderConfigForm((msg.snapshot.lanes ? msg.snapshot.lanes[0].snapshot : msg.snapshot).config);
     applyLimits();
     renderScenario();
     $("timeline").replaceChildren();
@@ -181,22 +188,30 @@ function render(snapshot) {
   state.finished = Boolean(snapshot.finished);
   $("step-number").textContent = snapshot.step;
   $("step-number").dataset.finished = String(state.finished);
-  renderCounters(snapshot.counters);
-  renderTables($("tables"), snapshot.requests, snapshot.blocks, snapshot.config.block_size, true);
-  renderPool($("pool"), snapshot.blocks);
-  $("free-queue").textContent = snapshot.free_queue.join(" · ") || "(empty)";
-  renderContiguous(snapshot);
-  appendEvents(snapshot.events);
+  const lanes = snapshot.lanes || null;
+  $("single-view").hidden = Boolean(lanes);
+  $("counters").hidden = Boolean(lanes);
+  $("lanes").hidden = !lanes;
+  $("download").disabled = Boolean(lanes); // a recording is of one pool
+  if (lanes) {
+    renderLanes($("lanes"), lanes);
+  } else {
+    renderCounters($("counters"), snapshot.counters, COUNTERS);
+    renderTables($("tables"), snapshot.requests, snapshot.blocks, snapshot.config.block_size, true);
+    renderPool($("pool"), snapshot.blocks);
+    $("free-queue").textContent = snapshot.free_queue.join(" · ") || "(empty)";
+    renderContiguous($("contiguous"), snapshot);
+    appendEvents(snapshot.events, "");
+  }
   if (state.scenario) {
     $("quiz-answer").hidden = !snapshot.quiz_due;
     $("quiz-wait").hidden = Boolean(snapshot.quiz_due);
   }
 }
 
-function renderCounters(counters) {
-  const box = $("counters");
+function renderCounters(box, counters, names) {
   box.replaceChildren();
-  for (const [key, label] of COUNTERS) {
+  for (const [key, label] of names) {
     const wrap = document.createElement("div");
     wrap.dataset.counter = key;
     const dt = document.createElement("dt");
@@ -205,6 +220,29 @@ function renderCounters(counters) {
     dd.textContent = counters[key];
     wrap.append(dt, dd);
     box.append(wrap);
+  }
+}
+
+/** A comparison: one card per model, each with the figures, block tables, pool and contiguous bar of one pool. */
+function renderLanes(box, lanes) {
+  box.replaceChildren();
+  for (const lane of lanes) {
+    const snap = lane.snapshot;
+    const card = document.createElement("section");
+    card.className = "card lane";
+    card.dataset.lane = lane.model;
+    card.innerHTML = "<h2></h2><p class='muted lane-bytes'></p><dl class='kv-figures'></dl><div class='pool'></div>" +
+      "<div class='tables'></div><div class='contiguous'></div>";
+    card.querySelector("h2").textContent = lane.title;
+    card.querySelector(".lane-bytes").textContent =
+      `${lane.kv_arithmetic} = ${lane.kv_bytes_per_token} bytes per token; ${lane.num_blocks} blocks of ` +
+      `${snap.config.block_size} tokens in ${lane.pool_bytes / 1024} KiB`;
+    renderCounters(card.querySelector(".kv-figures"), { ...lane, ...lane.requests, ...snap.counters }, LANE_FIGURES);
+    renderPool(card.querySelector(".pool"), snap.blocks);
+    renderTables(card.querySelector(".tables"), snap.requests, snap.blocks, snap.config.block_size, false);
+    renderContiguous(card.querySelector(".contiguous"), snap);
+    box.append(card);
+    appendEvents(snap.events, `${lane.model.toUpperCase()}: `);
   }
 }
 
@@ -305,14 +343,13 @@ function renderPool(box, blocks) {
   }
 }
 
-function renderContiguous(snapshot) {
+function renderContiguous(box, snapshot) {
   const total = snapshot.config.num_blocks;
   const used = snapshot.counters.num_blocks_used;
   const rows = [["Paged, held now", used, null]];
   const names = { max_model_len: "Contiguous, max_model_len each", prompt_plus_max_tokens: "Contiguous, prompt + max_tokens each" };
   for (const [policy, label] of Object.entries(names)) rows.push([label, snapshot.contiguous[policy].reserved_blocks, snapshot.contiguous[policy]]);
   const scale = Math.max(total, ...rows.map((r) => r[1]), 1);
-  const box = $("contiguous");
   box.replaceChildren();
   for (const [label, blocks, figures] of rows) {
     const row = document.createElement("div");
@@ -329,7 +366,7 @@ function renderContiguous(snapshot) {
   }
 }
 
-function appendEvents(events) {
+function appendEvents(events, prefix) {
   const list = $("timeline");
   for (const e of events) {
     if (e.kind === "scheduled" && !e.seqs.length) continue;
@@ -337,7 +374,7 @@ function appendEvents(events) {
     item.dataset.kind = e.kind;
     item.innerHTML = "<span class='muted'></span> ";
     item.querySelector("span").textContent = `step ${e.step}`;
-    item.append(document.createTextNode(e.text));
+    item.append(document.createTextNode(prefix + e.text));
     list.prepend(item);
   }
   while (list.children.length > 300) list.lastChild.remove();

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PretrainedConfig, PreTrainedModel
 
 from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, resolve_model
+from inference.moe import SparseMoE
 from inference.quantization.packed_int4 import AWQ_ORDER
 
 TINY = dict(vocab_size=49152, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -164,7 +165,8 @@ def write_gguf(path: Path, model: LlamaForCausalLM, linear_type: gguf.GGMLQuanti
 
 def hf_with_engine_weights(llm, hf_config) -> PreTrainedModel:
     """An HF model of `hf_config`'s family holding exactly the weight values our engine multiplies by (its
-    quantized weights de-quantized): HF's greedy on it is the oracle for a quantized engine."""
+    quantized weights de-quantized): HF's greedy on it is the oracle for a quantized engine. A mixture-of-experts
+    layer (Qwen3-MoE, Mixtral) gives its router and stacked experts, in HF's fused `experts.*_proj` layout."""
     model = llm.llm_engine.runner.model
     cfg = model.cfg
     config = type(hf_config)(**{**hf_config.to_dict(), "tie_word_embeddings": False})
@@ -174,12 +176,17 @@ def hf_with_engine_weights(llm, hf_config) -> PreTrainedModel:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         q, k, v = layer.self_attn.qkv_proj.weight.dequantize().split(layer.self_attn.qkv_proj.output_sizes)
-        gate, up = layer.mlp.gate_up_proj.weight.dequantize().split(layer.mlp.gate_up_proj.output_sizes)
+        if isinstance(layer.mlp, SparseMoE):
+            gate_up, down = layer.mlp.expert_weights()
+            state.update({p + "mlp.gate.weight": layer.mlp.gate.float(), p + "mlp.experts.gate_up_proj": gate_up,
+                          p + "mlp.experts.down_proj": down})
+        else:
+            gate, up = layer.mlp.gate_up_proj.weight.dequantize().split(layer.mlp.gate_up_proj.output_sizes)
+            state.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                          p + "mlp.down_proj.weight": layer.mlp.down_proj.weight.dequantize()})
         state.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
                       p + "self_attn.v_proj.weight": v,
                       p + "self_attn.o_proj.weight": layer.self_attn.o_proj.weight.dequantize(),
-                      p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                      p + "mlp.down_proj.weight": layer.mlp.down_proj.weight.dequantize(),
                       p + "input_layernorm.weight": layer.input_layernorm.weight.float(),
                       p + "post_attention_layernorm.weight": layer.post_attention_layernorm.weight.float()})
         if layer.self_attn.qk_norm is not None:

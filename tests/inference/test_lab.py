@@ -1,13 +1,21 @@
 """The lab's sandbox engine and scenarios: every scenario steps to its end with the invariants holding, its
 quiz answer is the engine's own figure, replaying its recording redraws its pool at every step, and two
-sandboxes sharing one set of weights never share a pool."""
+sandboxes sharing one set of weights never share a pool. The comparison scenario (MHA, GQA and MLA tiny models
+in pools of the same bytes) shows the engines' own bytes per token, blocks and admissions."""
+
+import json
+import math
+import re
 
 import pytest
 
 from inference.counterfactual import contiguous_admission, reserved_tokens
 from inference.events import event_from_dict, replay_steps
 from inference.lab import LabConfig, LabRequest, LabSession
-from inference.lab_scenarios import SCENARIOS, ScenarioRun
+from inference.lab_models import LAB_MODELS, WIDTH, lab_model_engine, lab_model_folder
+from inference.lab_scenarios import SCENARIOS, SCENARIOS_BY_NAME, ScenarioRun
+
+SINGLE_POOL = [s for s in SCENARIOS if not s.models]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +89,7 @@ def test_abort_frees_and_the_step_reports_it(base):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", SINGLE_POOL, ids=lambda s: s.name)
 def test_scenario_runs_to_its_end_and_replays(base, scenario):
     run = ScenarioRun.start(scenario.name, shared=base.engine)
     pools = {}
@@ -176,3 +184,108 @@ def test_a_lora_workers_step_index_is_invisible_to_a_sandbox_thread():
     assert seen == [None] and manager.index == "the live step's index"
     manager.end_step()
     assert manager.index is None
+
+
+def _cache_bytes_per_token(config: dict) -> int:
+    """From the checkpoint's config.json alone (float32): a key and a value per KV head, or MLA's latent and
+    RoPE key, per layer."""
+    if "kv_lora_rank" in config:
+        per_layer = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    else:
+        per_layer = 2 * config["num_key_value_heads"] * config["head_dim"]
+    return per_layer * config["num_hidden_layers"] * 4
+
+
+def test_lab_models_share_their_width_and_differ_in_the_cache():
+    configs = {name: json.loads((lab_model_folder(name) / "config.json").read_text()) for name in LAB_MODELS}
+    assert {c["model_type"] for c in configs.values()} == {"llama", "deepseek_v2"}
+    for config in configs.values():  # the same width: hidden size, query heads, layers, MLP
+        assert {k: config[k] for k in WIDTH if k != "tie_word_embeddings"} == \
+            {k: v for k, v in WIDTH.items() if k != "tie_word_embeddings"}
+    assert configs["mha"]["num_key_value_heads"] == configs["mha"]["num_attention_heads"]
+    assert configs["gqa"]["num_key_value_heads"] < configs["gqa"]["num_attention_heads"]
+    folder = lab_model_folder("mla")
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    assert lab_model_folder("mla") == folder and (folder / "model.safetensors").stat().st_mtime_ns == before
+    assert (folder / "tokenizer.json").is_file()
+    with pytest.raises(ValueError, match="unknown lab model 'mqa'"):
+        lab_model_folder("mqa")
+
+
+@pytest.fixture(scope="module")
+def attention_memory():
+    """The comparison scenario after its first step (all eight requests arrived, the quiz due)."""
+    run = ScenarioRun.start("attention_memory")
+    return run, run.step()
+
+
+def test_same_bytes_make_blocks_by_each_engines_bytes_per_token(attention_memory):
+    run, snap = attention_memory
+    scenario = SCENARIOS_BY_NAME["attention_memory"]
+    lanes = {lane["model"]: lane for lane in snap["lanes"]}
+    assert list(lanes) == ["mha", "gqa", "mla"] and snap["step"] == 1 and snap["quiz_due"]
+    bs = scenario.config.block_size
+    for model, lane in lanes.items():
+        config = json.loads((lab_model_folder(model) / "config.json").read_text())
+        per_token = _cache_bytes_per_token(config)
+        assert lane["kv_bytes_per_token"] == per_token == run.lane(model).engine.runner.kv_bytes_per_token
+        # The page's arithmetic multiplies out to the same figure.
+        assert eval(re.sub(r"[^0-9+×()]", "", lane["kv_arithmetic"]).replace("×", "*")) == per_token
+        # The engine made blocks of the same bytes: the pool holds the bytes' worth of tokens, less than one
+        # block short of it, and never more bytes than it was given.
+        assert lane["num_blocks"] == scenario.pool_bytes // (per_token * bs) == len(lane["snapshot"]["blocks"])
+        assert scenario.pool_bytes / per_token - bs < lane["token_slots"] <= scenario.pool_bytes / per_token
+        assert lane["pool_bytes"] <= scenario.pool_bytes
+        # Tokens held are what the live sequences have in the cache.
+        live = sum(s.num_computed_tokens for s in run.lane(model).engine.live_sequences())
+        assert lane["tokens_held"] == live <= lane["token_slots"]
+        assert [r["prompt_tokens"] for r in lane["snapshot"]["requests"]] == \
+            [r["prompt_tokens"] for r in lanes["mha"]["snapshot"]["requests"]]  # the same requests
+    # Token slots scale as bytes per token do, within a block's rounding.
+    ratio = lanes["mla"]["token_slots"] / lanes["mha"]["token_slots"]
+    assert math.isclose(ratio, lanes["mha"]["kv_bytes_per_token"] / lanes["mla"]["kv_bytes_per_token"],
+                        abs_tol=bs / lanes["mha"]["token_slots"])
+    # The quiz's answer is the engines' figure, not a written-down one.
+    assert run.answer == lanes["mla"]["token_slots"] // lanes["mha"]["token_slots"] == 8
+    assert run.check(run.answer) and not run.check(run.answer - 1)
+    # A smaller cache per token admits more of the same requests at once.
+    running = [lanes[m]["requests"]["running"] for m in ("mha", "gqa", "mla")]
+    assert running[0] < running[1] <= running[2] == 8
+
+
+def test_a_comparison_adds_to_every_pool_and_records_none(attention_memory):
+    import kernels.reference
+
+    run, _ = attention_memory
+    other = ScenarioRun.start("attention_memory")
+    for model, session in zip(other.scenario.models, other.sessions):  # weights loaded once, pools apart
+        assert session.engine.runner.model is run.lane(model).engine.runner.model is \
+            lab_model_engine(model).runner.model
+        assert session.engine.runner.kv_caches[0][0].data_ptr() != run.lane(model).engine.runner.kv_caches[0][0].data_ptr()
+        assert session.engine.runner.ops is kernels.reference  # no C++ build on a worker's loop for them
+    assert other.add(LabRequest("One more, please.", max_tokens=2)) == "I"
+    assert [len(s.requests) for s in other.sessions] == [9, 9, 9]
+    other.abort("I")
+    assert all(r["status"] == "finished" for s in other.sessions for r in s.snapshot_requests() if r["label"] == "I")
+    with pytest.raises(ValueError, match="one pool per model"):
+        other.recording()
+
+
+@pytest.mark.slow
+def test_the_comparison_runs_to_its_end_and_the_biggest_cache_preempts_most():
+    run = ScenarioRun.start("attention_memory")
+    peak = {m: 0 for m in run.scenario.models}
+    snap = None
+    for _ in range(400):
+        snap = run.step()
+        for model, lane in zip(run.scenario.models, snap["lanes"]):
+            run.lane(model).engine.check_integrity()
+            peak[model] = max(peak[model], lane["requests"]["running"])
+        if run.finished:
+            break
+    assert run.finished and snap["finished"] and snap["idle"]
+    lanes = {lane["model"]: lane for lane in snap["lanes"]}
+    assert all(lane["requests"]["finished"] == 8 and lane["tokens_held"] == 0 for lane in lanes.values())
+    preemptions = [lanes[m]["snapshot"]["counters"]["num_preemptions_total"] for m in ("mha", "gqa", "mla")]
+    assert preemptions[0] > preemptions[1] > preemptions[2] == 0
+    assert peak["mha"] < peak["gqa"] <= peak["mla"] == 8

@@ -121,6 +121,40 @@ def test_each_scenario_runs_to_its_end(server, page, name):
     assert counter(page, "num_blocks_used") == 0  # everything finished: every block came back
 
 
+def test_three_attention_variants_fill_the_same_pool_bytes_side_by_side(server, page):
+    """The comparison scenario: one lane per tiny model, each drawn with the lab's own views; the page's block
+    counts agree with each lane's counters, the model with the smaller cache per token holds more tokens and
+    admits more requests, and the quiz is answered from the token slots the page shows."""
+    open_scenario(page, server.base_url, "attention_memory")
+    models = ["mha", "gqa", "mla"]
+    assert page.eval_on_selector_all("#lanes .lane", "c => c.map(x => x.dataset.lane)") == models
+    assert page.is_hidden("#single-view") and page.is_disabled("#download")
+
+    def figure(model: str, key: str) -> int:
+        return int(page.inner_text(f'#lanes [data-lane="{model}"] [data-counter="{key}"] dd'))
+
+    number = step(page)
+    for model in models:
+        lane = f'#lanes [data-lane="{model}"]'
+        assert page.locator(f"{lane} .pool .block").count() == figure(model, "num_blocks")
+        assert page.locator(f'{lane} .pool .block[data-state="used"]').count() == figure(model, "num_blocks_used")
+        assert figure(model, "token_slots") == 8 * figure(model, "num_blocks")  # blocks of 8 tokens
+        assert figure(model, "running") + figure(model, "waiting") == 8
+        assert f"= {figure(model, 'kv_bytes_per_token')} bytes per token" in page.inner_text(f"{lane} .lane-bytes")
+    # Same bytes: token slots go as the inverse of bytes per token, and more requests run at once.
+    slots = {m: figure(m, "token_slots") for m in models}
+    per_token = {m: figure(m, "kv_bytes_per_token") for m in models}
+    assert slots["mla"] * per_token["mla"] == slots["mha"] * per_token["mha"]
+    assert figure("mha", "running") < figure("gqa", "running") <= figure("mla", "running") == 8
+    assert page.locator("#timeline li", has_text="MLA: ").count() > 0
+    assert page.is_visible("#quiz-answer")
+    while not figure("mha", "num_preemptions_total") and number < 40:  # until the MHA pool runs short
+        number = step(page)
+    assert figure("mha", "num_preemptions_total") >= 1 and figure("mla", "num_preemptions_total") == 0
+    assert answer_quiz(page, slots["mla"] // slots["mha"]) == "true"
+    screenshot(page, "attention-memory")
+
+
 def test_play_runs_a_scenario_and_the_recording_replays(server, page, tmp_path):
     open_scenario(page, server.base_url, "lru_eviction")
     page.select_option("#speed", "200")

@@ -48,6 +48,12 @@ class Lab:
     scenario: ScenarioRun | None
     last_used: float
 
+    @property
+    def driver(self) -> LabSession | ScenarioRun:
+        """What answers add, abort, snapshot and recording: the scenario's run (a comparison has several
+        sandboxes) or the plain sandbox."""
+        return self.scenario or self.session
+
 
 class LabHost:
     def __init__(self, worker: str, service: EngineService, bridge: LoopBridge, idle_s: float,
@@ -167,20 +173,20 @@ class LabHost:
             return {"type": "ready", "worker": self.worker, "limits": LAB_LIMITS,
                     "scenarios": [s.describe() for s in SCENARIOS],
                     "scenario": lab.scenario.scenario.describe() if lab.scenario else None,
-                    "snapshot": lab.session.snapshot()}
+                    "snapshot": lab.driver.snapshot()}
         lab = self.labs.get(lab_id)
         if lab is None:
             raise ValueError("this lab is not open (it may have been closed while idle): open it again")
         lab.last_used = time.monotonic()
         if command == "add":
-            lab.session.add(LabRequest(**_fields(args, LabRequest)))
-            return {"type": "snapshot", "snapshot": lab.session.snapshot()}
+            lab.driver.add(LabRequest(**_fields(args, LabRequest)))
+            return {"type": "snapshot", "snapshot": lab.driver.snapshot()}
         if command == "step":
             snapshot = lab.scenario.step() if lab.scenario else lab.session.step()
             return {"type": "snapshot", "snapshot": snapshot}
         if command == "abort":
-            lab.session.abort(str(args.get("label")))
-            return {"type": "snapshot", "snapshot": lab.session.snapshot()}
+            lab.driver.abort(str(args.get("label")))
+            return {"type": "snapshot", "snapshot": lab.driver.snapshot()}
         if command == "answer":
             if lab.scenario is None:
                 raise ValueError("only a scenario has a quiz")
@@ -188,7 +194,7 @@ class LabHost:
             if isinstance(guess, bool) or not isinstance(guess, int):
                 raise ValueError("the answer must be a whole number")
             return {"type": "quiz", "correct": lab.scenario.check(guess), "answer": lab.scenario.answer}
-        return {"type": "recording", "recording": lab.session.recording()}
+        return {"type": "recording", "recording": lab.driver.recording()}
 
 
 def _fields(args: Any, cls: type) -> dict[str, Any]:
