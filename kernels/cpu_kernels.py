@@ -6,8 +6,8 @@ Attention reads K/V in place through the block tables with an online softmax in 
 blocked matmuls instead, on a contiguous copy of its blocks (``csrc/prompt_attention_cpu.cpp``). Float32,
 bfloat16 and float16 run in C++; other dtypes (float64) take the reference. ``rotary_embedding_`` rotates q and
 k in one pass (``kernels/csrc/rotary_cpu.cpp``), ``rms_norm`` normalises a row in one
-(``kernels/csrc/rms_norm_cpu.cpp``), and so does the MLP's ``silu_and_mul``; Gemma's ``gelu_tanh_and_mul`` is the
-reference's (torch's own vectorised GELU, one op short of a fused pass). ``decoder_layers`` runs a whole
+(``kernels/csrc/rms_norm_cpu.cpp``), and so do the MLP's ``silu_and_mul`` and Gemma's ``gelu_tanh_and_mul``
+(``csrc/silu_and_mul_cpu.cpp``). ``decoder_layers`` runs a whole
 model's layers for one step in one call (``csrc/decoder_cpu.cpp``), over the same kernels.
 ``reshape_and_cache`` writes each token's K and V rows with one copy each (``csrc/reshape_and_cache_cpu.cpp``);
 ``copy_blocks`` is the reference's (one ``index_copy_`` pass per layer, run only on copy-on-write).
@@ -40,7 +40,6 @@ __all__ = ["reshape_and_cache", "paged_attention_decode", "paged_attention_prefi
            "rotary_embedding_", "rms_norm", "silu_and_mul", "gelu_tanh_and_mul", "decoder_layers", "available", "unavailable_reason"]
 
 copy_blocks = reference.copy_blocks
-gelu_tanh_and_mul = reference.gelu_tanh_and_mul
 
 _SOURCES_DIR = Path(__file__).with_name("csrc")
 _SOURCES = [_SOURCES_DIR / name for name in ("paged_attention_cpu.cpp", "rotary_cpu.cpp",
@@ -86,6 +85,14 @@ def silu_and_mul(x: Tensor) -> Tensor:
     if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu" or x.dim() != 2 or x.stride(-1) != 1:
         return reference.silu_and_mul(x)
     return extension().silu_and_mul(x)
+
+
+def gelu_tanh_and_mul(x: Tensor) -> Tensor:
+    """See ``kernels.reference.gelu_tanh_and_mul`` (one pass, as ``silu_and_mul``: ``csrc/silu_and_mul_cpu.cpp``)."""
+    validation.check_gated_activation(x)
+    if x.dtype not in _NATIVE_DTYPES or x.device.type != "cpu" or x.dim() != 2 or x.stride(-1) != 1:
+        return reference.gelu_tanh_and_mul(x)
+    return extension().gelu_tanh_and_mul(x)
 
 
 def paged_attention_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

@@ -920,6 +920,7 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
 void rotary_embedding(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);  // rotary_cpu.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);      // rms_norm_cpu.cpp
 torch::Tensor silu_and_mul(torch::Tensor x);                                      // silu_and_mul_cpu.cpp
+torch::Tensor gelu_tanh_and_mul(torch::Tensor x);                                 // silu_and_mul_cpu.cpp
 void reshape_and_cache(torch::Tensor key, torch::Tensor value, torch::Tensor key_cache,
                        torch::Tensor value_cache, torch::Tensor slot_mapping);      // reshape_and_cache_cpu.cpp
 torch::Tensor tiled_int4_matmul(torch::Tensor x, torch::Tensor codes, torch::Tensor scales_offsets,
@@ -939,6 +940,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_embedding", &rotary_embedding, "rotary position embedding of q and k heads, in place (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (CPU)");
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu_tanh(gate) * up of a fused [gate | up] (CPU)");
   m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their cache slots (CPU)");
   m.def("tiled_weights_available", &tiled_weights_available, "whether AMX tiled weight-only matmuls run here");
   m.def("tiled_int4_matmul", &tiled_int4_matmul, "x @ W.T, W int4 in the tiled layout (CPU, AMX)");
