@@ -30,7 +30,7 @@ from typing import Any
 from inference import LLMEngine, SamplingParams
 from inference import engine as engine_module
 from inference import model_runner
-from inference.model_loader import cache_dir
+from inference.model_loader import build_folder, cache_dir
 from bench import vs_vllm
 from bench.engines import ours
 from bench.engines.base import RunConfig
@@ -45,21 +45,21 @@ PHASES = ("schedule", "batch", "forward", "logits", "sample", "rest")
 
 def tiny_model(folder: Path | None = None) -> Path:
     """The bench's random tiny Llama (seeded), saved once with SmolLM2's tokenizer; reused after."""
+    folder = folder or cache_dir() / "bench" / "host-overhead-tiny-llama"
+    return folder if (folder / "config.json").is_file() else build_folder(folder, _save_tiny_model)
+
+
+def _save_tiny_model(folder: Path) -> None:
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, resolve_model
-
-    folder = folder or cache_dir() / "bench" / "host-overhead-tiny-llama"
-    if (folder / "config.json").is_file():
-        return folder
-    import torch
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, tie_word_embeddings=True, **SHAPE)).eval()
     model.save_pretrained(folder)
     for name in TOKENIZER_FILES:
         (folder / name).write_bytes((resolve_model(DEFAULT_MODEL) / name).read_bytes())
-    return folder
 
 
 def workload(sequences: int = SEQUENCES, prompt_tokens: int = PROMPT_TOKENS,

@@ -364,4 +364,15 @@ class LLMEngine:
                                                                      self.max_model_len)
         return {"request_id": seq.request_id, "index": seq.index,
                 "adapter": None if seq.request.adapter is None else seq.request.adapter.name,
-                "block_table": list(seq.block_table), "context_len": seq.num_computed_tokens, "max_len": max_len}
+                "block_table": list(seq.block_table), "context_len": seq.num_computed_tokens, "max_len": max_len,
+                "outside_window": self._blocks_outside_window(seq)}
+
+    def _blocks_outside_window(self, seq: Sequence) -> int:
+        """How many of `seq`'s first logical blocks every layer's sliding window has passed: kept (the block
+        manager frees no block of a live sequence, docs/models.md) but never read again. 0 unless every layer is
+        windowed: a full-attention layer reads every block."""
+        windows = self.runner.cfg.windows
+        if not windows or None in windows:
+            return 0
+        # The next query is at position context_len; it sees keys after context_len - window.
+        return max(0, seq.num_computed_tokens - max(windows) + 1) // self.block_size

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
 from inference.model import ModelConfig
-from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, cache_dir, resolve_model
+from inference.model_loader import DEFAULT_MODEL, TOKENIZER_FILES, build_folder, cache_dir, resolve_model
 
 WIDTH = {"vocab_size": 49152, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
          "num_attention_heads": 8, "max_position_embeddings": 512, "tie_word_embeddings": True}
@@ -69,17 +68,7 @@ def lab_model_folder(name: str) -> Path:
     target = cache_dir() / "lab-models" / f"{name}-{model.digest}"
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        _build(model, tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_folder(target, lambda folder: _build(model, folder))
 
 
 def _build(model: LabModel, folder: Path) -> None:

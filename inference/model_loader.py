@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from inference.architectures import ARCHITECTURES
@@ -95,18 +96,22 @@ def _converted_builtin(name: str) -> Path:
         _name_architecture(target)
         return target
     gguf = _gguf_location(*BUILTIN_MODELS[name])
-    # Convert into a temporary sibling and rename, so a crash or a concurrent worker never sees half a model.
+    return build_folder(target, lambda folder: _convert_gguf(gguf, folder))
+
+
+def build_folder(target: Path, build: Callable[[Path], None]) -> Path:
+    """Have `build` write a model folder into a temporary sibling of `target`, then rename it into place, so a
+    crash or a concurrent process never sees half a model (when another finished first, its folder stays)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _convert_gguf(gguf, tmp)
+        build(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
+            pass
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -20,7 +20,9 @@ from playground.accounts import limits, salt
 from playground.serving.shared import registry
 from playground.serving.web import lifecycle, sampling
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job, Update
-from playground.serving.web.models import adapter_for, aserved_max_model_len, base_model, served_models
+from playground.serving.web.models import (
+    adapter_for, aserved_max_model_len, aserved_sampling_suggestions, base_model, served_models,
+)
 
 from . import response_api
 from .auth import authenticate
@@ -158,9 +160,9 @@ async def _tokenizer(request: HttpRequest, parse: Callable[..., TokenizerRequest
     return response
 
 
-def _parse(endpoint: str, body: dict[str, Any]) -> ApiRequest:
+def _parse(endpoint: str, body: dict[str, Any], suggested: dict[str, Any]) -> ApiRequest:
     caps = settings.PLAYGROUND_LIMITS
-    defaults = sampling.api_defaults(endpoint != "completions", caps)
+    defaults = sampling.api_defaults(endpoint != "completions", caps, suggested)
     if endpoint == "completions":
         return parse_completion(body, served_models(), defaults, caps, settings.PLAYGROUND_API["max_prompt_chars"])
     if endpoint == "chat":
@@ -175,7 +177,7 @@ async def _complete(request: HttpRequest, endpoint: str) -> HttpResponse:
     try:
         caller = await authenticate(request)
         body = _read_body(request)
-        api_request = _parse(endpoint, body)
+        api_request = _parse(endpoint, body, await aserved_sampling_suggestions())
         jobs = _jobs(api_request, salt.cache_salt(caller.identity))
         batch = Batch(await _admit(len(jobs), caller.admit), api_request.params["n"])
     except limits.LimitExceeded as exc:

@@ -42,7 +42,7 @@ export class RequestTable {
 
   /**
    * @param {{request_id: string, index?: number, adapter?: string | null, block_table: number[],
-   *          context_len: number, max_len: number}[]} requests  one entry per sequence (sample `index` of the
+   *          context_len: number, max_len: number, outside_window?: number}[]} requests  one entry per sequence (sample `index` of the
    *          request; `adapter`: the LoRA adapter it runs under, null for the base model)
    * @param {{refCount: number}[]} blocks  the decoded block map, to mark shared physical blocks
    * @param {number} blockSize
@@ -95,7 +95,11 @@ export class RequestTable {
       const shared = (blocks[physical]?.refCount ?? 0) > 1;
       chip.classList.toggle("shared", shared);
       const sharing = shared ? ` (shared, ref ${blocks[physical].refCount})` : "";
-      chip.title = `logical ${logical} → physical ${physical}${sharing}`;
+      // A sliding-window model: every layer's window has passed this block; it stays held, never read again.
+      const passed = logical < (request.outside_window ?? 0);
+      chip.classList.toggle("outside-window", passed);
+      const window = passed ? " (outside every layer's sliding window: kept, not read)" : "";
+      chip.title = `logical ${logical} → physical ${physical}${sharing}${window}`;
       chip.append(
         el("span", "chip-l", String(logical)),
         el("span", "chip-arrow", "→"),

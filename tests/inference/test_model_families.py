@@ -208,3 +208,21 @@ def test_family_under_tensor_parallelism_equals_hf(family, request):
     with LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_model_len=256, tensor_parallel_size=2) as llm:
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == [w[:TP_TOKENS] for w in want]
         assert_idle(llm)
+
+
+@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types"], indirect=True)
+def test_the_blocks_every_window_has_passed_are_named_for_the_memory_view(family):
+    """Mistral's window (20) covers every layer: once a sequence is past it, its first blocks are never read
+    again, and the engine's sequence figures say how many (the memory view dims them). A model with a
+    full-attention layer (Qwen2's layer_types) reads every block: none is named."""
+    folder, prompts, _ = family
+    engine = LLM(model=str(folder), dtype="float32", num_kv_blocks=64, max_model_len=256).llm_engine
+    engine.add_request("long", prompts[-1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    for _ in range(12):
+        engine.step()
+    (seq,) = engine.metrics()["sequences"]
+    all_windowed = None not in engine.runner.cfg.windows
+    # The next query at position context_len sees keys after context_len - 20: whole blocks of 16 before that.
+    want = (seq["context_len"] - 20 + 1) // 16 if all_windowed else 0
+    assert seq["outside_window"] == want and (want > 0) == all_windowed
+    engine.abort_request("long")

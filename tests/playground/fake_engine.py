@@ -55,14 +55,16 @@ class FakeStream:
 
 
 class FakeStreamingEngine:
-    def __init__(self, delay: float = 0.005, max_model_len: int = 2048, **engine_kwargs) -> None:
+    def __init__(self, delay: float = 0.005, max_model_len: int = 2048, suggested_sampling: dict | None = None,
+                 **engine_kwargs) -> None:
         self.delay = delay
         self.slow_admission_s = 1.5
         self.live: dict[str, threading.Event] = {}
         self.aborted: list[str] = []
         self.requests: list[dict] = []
         # What the service reads of the real LLMEngine.
-        self.engine = SimpleNamespace(block_size=16, max_model_len=max_model_len)
+        self.engine = SimpleNamespace(block_size=16, max_model_len=max_model_len,
+                                      generation=SimpleNamespace(sampling=dict(suggested_sampling or {})))
         self.tokenizer = FakeTokenizer()
         self.error: str | None = None
         self.last_step_at: float | None = None

@@ -24,10 +24,12 @@ ASK = [{"role": "user", "content": "hi there"}]
 
 
 @contextlib.asynccontextmanager
-async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lora_modules=None):
+async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lora_modules=None,
+                 suggested_sampling: dict | None = None):
     """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads.
-    `lora_modules` (adapter name -> path) as the worker's PLAYGROUND_LORA_MODULES."""
-    engine = FakeStreamingEngine(delay)
+    `lora_modules` (adapter name -> path) as the worker's PLAYGROUND_LORA_MODULES; `suggested_sampling` as its
+    model's generation_config.json suggests."""
+    engine = FakeStreamingEngine(delay, suggested_sampling=suggested_sampling)
     service = EngineService({}, engine_factory=lambda **kwargs: engine, lora_modules=lora_modules)
     runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
     runtime.start()

@@ -229,3 +229,26 @@ def test_health_version_and_models(monkeypatch, headers, settings):
     # The worker's engine's own window (the fake engine's 2,048), as its heartbeat reports it; nothing configured.
     assert settings.PLAYGROUND_ENGINE["max_model_len"] is None
     assert card["max_model_len"] == 2048 and card["root"] == MODEL
+
+
+def test_the_models_suggested_sampling_fills_the_fields_a_request_leaves_unset(monkeypatch, headers, settings):
+    """As vLLM's server applies generation_config.json: its suggestions (reported by the worker's heartbeat)
+    are the defaults of the fields a request leaves out, within the API's caps; fields the request sets win."""
+    cache.clear()
+    suggested = {"temperature": 0.3, "top_k": 20, "repetition_penalty": 1.1, "max_tokens": 10**6}
+
+    async def scenario():
+        async with worker(monkeypatch, suggested_sampling=suggested) as (engine, _):
+            client = AsyncClient()
+            for body in ({"messages": [{"role": "user", "content": "hi"}]},
+                         {"messages": [{"role": "user", "content": "hi"}], "temperature": 1.0, "max_tokens": 5}):
+                response = await client.post("/v1/chat/completions", {"model": MODEL, **body},
+                                             content_type="application/json", headers=headers)
+                assert response.status_code == 200, response.content
+            return engine.requests
+
+    unset, explicit = [r["params"] for r in asyncio.run(scenario())]
+    caps = settings.PLAYGROUND_LIMITS
+    assert (unset.temperature, unset.top_k, unset.repetition_penalty) == (0.3, 20, 1.1)
+    assert unset.max_tokens == caps["max_tokens"]  # a suggestion above the cap is lowered to it
+    assert (explicit.temperature, explicit.max_tokens, explicit.top_k) == (1.0, 5, 20)

@@ -92,7 +92,7 @@ def snapshot(worker: str, time: float, tables: dict[str, list[int]], cached: lis
         "block_map": {"states": states, "ref_counts": shared_ref_counts, "owners": owners},
         "requests": [
             {"request_id": rid, "index": 0, "block_table": table, "context_len": len(table) * BLOCK_SIZE - 3,
-             "max_len": MAX_LEN}
+             "max_len": MAX_LEN, "outside_window": 1 if rid == "beta" else 0}  # as a windowed model's engine says
             for rid, table in tables.items()
         ],
     }
@@ -228,6 +228,9 @@ def test_requests_show_block_tables_and_actions_send_frames(page):
     chips = beta.locator(".chip")
     assert [c.replace("\n", "") for c in chips.all_inner_texts()] == ["0→0", "1→1", "2→5", "3→6"]
     assert [("shared" in (c.get_attribute("class") or "")) for c in chips.all()] == [True, True, False, False]
+    # Its first block is behind every layer's sliding window: dimmed, and its title says why.
+    assert [("outside-window" in (c.get_attribute("class") or "")) for c in chips.all()] == [True, False, False, False]
+    assert "outside every layer's sliding window" in chips.first.get_attribute("title")
     assert "61 / 512 tokens" in beta.locator(".req-size").inner_text()
     assert "4 of 32 blocks" in beta.locator(".req-size").inner_text()
 

@@ -166,6 +166,7 @@ def test_published_block_map_is_the_engines_state_through_sharing_caching_and_re
     # /metrics renders this worker's heartbeat: the engine's figures under vLLM's names.
     beat = runtime.heartbeat()
     assert beat["max_model_len"] == 256  # the engine's resolved window, which the web side states
+    assert beat["suggested_sampling"] == {}  # SmolLM2's generation_config.json suggests no sampling
     registry.beat(beat)
     response = client.get("/metrics")
     assert response.status_code == 200

@@ -6,6 +6,8 @@ the adapter a name selects travels in the Job to the worker (`EngineService.subm
 """
 from __future__ import annotations
 
+from typing import Any
+
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -45,3 +47,16 @@ def served_max_model_len() -> int | None:
 
 
 aserved_max_model_len = sync_to_async(served_max_model_len, thread_sensitive=False)
+
+
+def served_sampling_suggestions() -> dict[str, Any]:
+    """The model's generation_config.json sampling suggestions, as a live worker reports them ({} before one
+    has loaded, or for a model without any): the API's defaults for the fields a request leaves unset, as
+    vLLM's server applies them. Every worker serves the same model, so the first live report stands."""
+    for worker in registry.live_workers():
+        if worker.get("suggested_sampling") is not None:
+            return worker["suggested_sampling"]
+    return {}
+
+
+aserved_sampling_suggestions = sync_to_async(served_sampling_suggestions, thread_sensitive=False)

@@ -98,11 +98,17 @@ def defaults(limits: Mapping[str, int]) -> dict[str, Any]:
     return {f.name: min(f.default, _high(f, limits)) if f.kind == "integer" else f.default for f in FIELDS}
 
 
-def api_defaults(chat: bool, limits: Mapping[str, int]) -> dict[str, Any]:
-    """The OpenAI API's defaults: OpenAI's where it has them, the playground's elsewhere."""
+def api_defaults(chat: bool, limits: Mapping[str, int], suggested: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The OpenAI API's defaults: the model's generation_config.json suggestions where it makes them (vLLM's
+    server does the same), else OpenAI's where it has them, else the playground's; each within its caps."""
     values = {**defaults(limits), **API_DEFAULTS}
     if not chat:
         values["max_tokens"] = min(COMPLETIONS_DEFAULT_MAX_TOKENS, limits["max_tokens"])
+    by_name = {f.name: f for f in FIELDS}
+    for name, value in (suggested or {}).items():
+        field = by_name.get(name)
+        if field is not None and field.kind in ("number", "integer"):  # what generation_config.json suggests
+            values[name] = max(field.low, min(value, _high(field, limits)))
     return values
 
 

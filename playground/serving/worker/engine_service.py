@@ -86,6 +86,13 @@ class EngineService:
         engine = self._engine
         return None if engine is None else engine.engine.max_model_len
 
+    @property
+    def suggested_sampling(self) -> dict[str, Any] | None:
+        """The model's generation_config.json suggestions (SamplingParams field -> value; None until loaded):
+        the heartbeat carries them so the API uses them for the fields a request leaves unset, as vLLM does."""
+        engine = self._engine
+        return None if engine is None else dict(engine.engine.generation.sampling)
+
     def wait_ready(self, timeout: float | None = None) -> StreamingEngine:
         """The engine once loaded and healthy; raises EngineUnavailable otherwise (after `timeout` s loading)."""
         if not self._loaded.wait(timeout):

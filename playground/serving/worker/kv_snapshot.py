@@ -14,7 +14,8 @@ another step's tables, and never a KeyError between map refreshes. Shape on the 
      "tokens_per_s": float, "latency": {"ttft_ms": {p50, p90, p99}, "itl_ms": {...}, "requests": int},
      "block_map": {"states": "fuscc...", "ref_counts": {"<block id>": int}, "owners": {"<block id>": [ids]}},
      "requests": [{"request_id", "index", "adapter": LoRA adapter name or None, "block_table": [int...],
-                   "context_len", "max_len"}]}
+                   "context_len", "max_len", "outside_window": leading blocks every layer's sliding window has
+                   passed (kept, never read; 0 unless every layer is windowed)}]}
 
 `metrics["contiguous"]` is the engine's contiguous-allocation counterfactual under both named policies
 (inference/counterfactual.py): every view (memory, demo, lab) shows those figures and computes none.

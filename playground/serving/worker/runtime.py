@@ -118,6 +118,7 @@ class WorkerRuntime:
             "metrics": self.service.metrics(),
             "model": settings.PLAYGROUND_ENGINE["model"],
             "max_model_len": self.service.max_model_len,  # the web side's window (web/models.py)
+            "suggested_sampling": self.service.suggested_sampling,  # the API's defaults (web/models.py)
             "latency": self.publisher.latency.export(),  # histograms for /metrics (dashboard/prometheus.py)
             "finished": self.publisher.latency.finish_reasons(),  # vllm:request_success_total
             "labs": {"sessions": self.labs.num_sessions, "max_sessions": self.labs.max_sessions},
