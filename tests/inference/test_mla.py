@@ -77,3 +77,20 @@ def test_latent_fields_in_a_family_without_them_are_refused(tmp_path, tiny_deeps
     with pytest.raises(ValueError, match="kv_lora_rank, q_lora_rank, qk_head_dim, qk_nope_head_dim, qk_rope_head_dim, "
                                          "v_head_dim: latent attention is not part of a 'llama' model"):
         ModelConfig.from_folder(tmp_path)
+
+
+def test_beam_search_and_copy_on_write_read_the_latent_cache_as_hf_does(tiny_deepseek):
+    """Beams fork block tables and copy a shared partial block before writing it (copy-on-write): with the
+    latent cache that is one tensor per layer, and the beams still equal HF transformers' own beam search."""
+    from transformers import AutoModelForCausalLM
+
+    from inference import BeamSearchParams
+    from tests.inference.test_beam_search import hf_beams
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_deepseek, dtype=torch.float32).eval()
+    prompt = list(range(1000, 1021))  # a full block and 5 tokens: the beams share the partial block at first
+    with LLM(model=str(tiny_deepseek), dtype="float32", **SMALL) as llm:
+        params = BeamSearchParams(beam_width=3, max_tokens=12)
+        (out,) = llm.beam_search([{"prompt_token_ids": prompt}], params)
+        assert llm.metrics()["cow_copies_total"] > 0
+        assert [c.token_ids for c in out.outputs] == hf_beams(hf, prompt, 3, 12, 1.0, False)
