@@ -88,6 +88,10 @@ class LatentAttention(nn.Module):
         self.register_buffer("w_uv", torch.empty(self.num_heads, self.v_dim, self.rank))
         self.o_proj = Linear(self.num_heads * self.v_dim, cfg.hidden_size)
         self.scale = mla.softmax_scale
+        # The attention interface the model reads of every layer (inference/model.py `Attention`): latent
+        # attention has neither q/k norms nor a local RoPE table.
+        self.qk_norm = None
+        self.local_rope = False
 
     def forward(
         self,

@@ -324,7 +324,7 @@ class LlamaForCausalLM(nn.Module):
                                       meta.context_lens, meta.query_start_loc, self.layers[0].self_attn.num_heads,
                                       self.layers[0].self_attn.scale, self.norm.eps, rows, self.stack_windows)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer.step(h, local if getattr(layer.self_attn, "local_rope", False) else rope, kv_cache, meta, ops)
+            h = layer.step(h, local if layer.self_attn.local_rope else rope, kv_cache, meta, ops)
         return self.norm(h if rows is None else h[rows], ops)
 
     def _stack_weights(self, ops: ModuleType) -> list[torch.Tensor] | None:
@@ -481,7 +481,7 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype,
             linear(layer.mlp.down_proj, mlp + "down_proj", mlp + "down_proj.weight")
         for name in filter(None, cfg.architecture.layer_norms):
             norm(getattr(layer, name), f"layers.{i}.{name}")
-        if getattr(layer.self_attn, "qk_norm", None) is not None:
+        if layer.self_attn.qk_norm is not None:
             for module, x in zip(layer.self_attn.qk_norm, "qk"):
                 norm(module, attn + f"{x}_norm")
     leftover = [name for name in weights if not name.endswith("rotary_emb.inv_freq")]

@@ -131,15 +131,12 @@ class ModelRunner:
         self.lora = (LoRAManager(self.model, args.max_loras, args.max_lora_rank, args.max_cpu_loras, self.device,
                                  self.dtype) if args.enable_lora else None)
         self.kv_pool_bytes_per_rank = self.num_blocks * self._block_bytes
+        # Cache bytes one token takes across all layers and ranks (a key and a value per KV head, or one latent +
+        # RoPE key with latent attention): fixed by the model and dtype, so computed once, not per metrics().
+        self.kv_bytes_per_token = kv_block_bytes(self.cfg, 1, self.dtype)
         # Every rank's shard has rank 0's shapes (inference/parallel/layers.py), so totals are N times these.
         self.weight_bytes = self.weight_bytes_per_rank * self.group.size
         self.kv_pool_bytes = self.kv_pool_bytes_per_rank * self.group.size
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Cache bytes one token takes across all layers and ranks: 2 x layers x KV heads x head_dim x itemsize
-        for a key and a value per KV head, layers x (latent + RoPE key) x itemsize with latent attention."""
-        return kv_block_bytes(self.cfg, 1, self.dtype)
 
     @property
     def _block_bytes(self) -> int:
