@@ -8,8 +8,10 @@ see it, and its figures (output tok/s, TTFT, ITL) mean what vLLM's users read th
 server goes first, because these machines drift within minutes. Every server starts fresh for its turn and gets a
 short warm-up before the measured runs.
 
-Our side runs exactly as `bin/playground` does (daphne, in-process Celery worker, in-memory channel layer), with
-the anonymous per-address cap lifted so one benchmarking client may hold `--concurrency` streams. vLLM's side
+Our side runs exactly as `bin/playground` does (daphne, in-process Celery worker, in-memory channel layer), or with
+`--stack distributed` as docker-compose.yml runs it (`manage.py web` and a separate `celery -A playground worker`,
+meeting over Redis: broker, channel layer and cache), with the anonymous per-address cap lifted so one benchmarking
+client may hold `--concurrency` streams. vLLM's side
 gets both cores for its engine (`VLLM_CPU_OMP_THREADS_BIND`, none reserved, as in `bench/engines/vllm_cpu.py`) and
 the same scheduler limits as ours (max_num_seqs, max_num_batched_tokens, max_model_len).
 """
@@ -58,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache size of both servers (vLLM's "
                    "--kv-cache-memory-bytes; ours the same bytes as ENGINE_NUM_KV_BLOCKS)")
+    p.add_argument("--stack", choices=("embedded", "distributed"), default="embedded",
+                   help="how our side runs: one process, or web + Celery worker over Redis (--redis-url)")
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="the distributed stack's Redis (a "
+                   "database of its own: it is flushed before each start)")
     p.add_argument("--port", type=int, default=8899)
     p.add_argument("--out", type=Path, required=True, metavar="JSON", help="the raw result, rewritten after each run")
     args = p.parse_args(argv)
@@ -90,23 +96,29 @@ def kv_blocks(model: Path, dtype: str, kv_bytes: int, block_size: int = 16) -> i
     return kv_bytes // (per_token * (4 if dtype == "float32" else 2) * block_size)
 
 
-def server_command(side: str, args: argparse.Namespace, model: Path) -> tuple[list[str], dict[str, str]]:
-    """The command and environment that start `side`'s server on args.port."""
+def server_commands(side: str, args: argparse.Namespace, model: Path) -> list[tuple[list[str], dict[str, str]]]:
+    """The processes (command, environment) that together serve `side`'s API on args.port, in start order."""
     threads = os.cpu_count() or 1
     if side == "vllm":
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                **VLLM_ENV}
-        return vllm_command("serve", str(model), "--served-model-name", MODEL_NAME, "--dtype", args.dtype,
-                            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-                            "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", "0",
-                            "--kv-cache-memory-bytes", str(int(args.kv_gib * 1024**3)),
-                            "--port", str(args.port), "--host", "127.0.0.1"), env
+        return [(vllm_command("serve", str(model), "--served-model-name", MODEL_NAME, "--dtype", args.dtype,
+                              "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+                              "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", "0",
+                              "--kv-cache-memory-bytes", str(int(args.kv_gib * 1024**3)),
+                              "--port", str(args.port), "--host", "127.0.0.1"), env)]
     env = {"ENGINE_DTYPE": args.dtype, "ENGINE_DEVICE": "cpu", "ENGINE_MAX_MODEL_LEN": str(args.max_model_len),
            "ENGINE_MAX_NUM_SEQS": str(args.max_num_seqs),
            "ENGINE_NUM_KV_BLOCKS": str(kv_blocks(model, args.dtype, int(args.kv_gib * 1024**3))),
            "PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS": "0",
            "PLAYGROUND_VAR_DIR": str(Path(tempfile.gettempdir()) / "bench-serve-var")}
-    return [sys.executable, "manage.py", "playground", "--port", str(args.port)], env
+    if args.stack == "embedded":
+        return [([sys.executable, "manage.py", "playground", "--port", str(args.port)], env)]
+    env |= {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-serve-vs-vllm"}
+    return [([sys.executable, "manage.py", "migrate", "--noinput"], env),
+            ([sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu", "-n", "bench@%h",
+              "--pool", "threads", "-c", "64", "--without-gossip", "--without-mingle", "-l", "WARNING"], env),
+            ([sys.executable, "manage.py", "web", "--port", str(args.port)], env)]
 
 
 def _ready(port: int) -> bool:
@@ -119,24 +131,32 @@ def _ready(port: int) -> bool:
 
 @contextmanager
 def server(side: str, args: argparse.Namespace, model: Path, log: Path) -> Iterator[None]:
-    """`side`'s server, started and healthy, for the duration of the block; stopped (its whole process group)
+    """`side`'s server, started and healthy, for the duration of the block; stopped (each process's whole group)
     after, so nothing of it runs during the other side's turn."""
-    command, extra_env = server_command(side, args, model)
-    env = {**os.environ, **extra_env}
-    if side == "vllm":
-        env.pop("PYTHONPATH", None)
-    with log.open("a") as out:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    commands = server_commands(side, args, model)
+    if side == "ours" and args.stack == "distributed":
+        subprocess.run(["redis-cli", "-u", args.redis_url, "flushdb"], check=True, capture_output=True)
+        migrate, *commands = commands
+        subprocess.run(migrate[0], cwd=REPO, env={**os.environ, **migrate[1]}, check=True, capture_output=True)
+    procs: list[subprocess.Popen] = []
     try:
+        for command, extra_env in commands:
+            env = {**os.environ, **extra_env}
+            if side == "vllm":
+                env.pop("PYTHONPATH", None)
+            with log.open("a") as out:
+                procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _ready(args.port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{side} server did not become healthy (exit {proc.poll()}); see {log}")
+            if any(proc.poll() is not None for proc in procs) or time.monotonic() > deadline:
+                raise RuntimeError(f"{side} server did not become healthy (exits {[p.poll() for p in procs]}); "
+                                   f"see {log}")
             time.sleep(1)
         yield
     finally:
-        _stop(proc)
+        for proc in reversed(procs):
+            _stop(proc)
         while _ready(args.port):  # the port is free before the next server binds it
             time.sleep(0.5)
 

@@ -47,13 +47,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "playground.security.ContentSecurityPolicyMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Django's own, run on the event loop where they do no I/O (playground/middleware.py)
+    "playground.middleware.SecurityMiddleware",
+    "playground.middleware.SessionMiddleware",
+    "playground.middleware.CommonMiddleware",
+    "playground.middleware.CsrfViewMiddleware",
+    "playground.middleware.AuthenticationMiddleware",
+    "playground.middleware.MessageMiddleware",
+    "playground.middleware.XFrameOptionsMiddleware",
 ]
 
 # Sent with every response (playground/security.py, docs/security.md): the pages are plain ES modules and

@@ -934,16 +934,20 @@ torch::Tensor decoder_layers(torch::Tensor hidden, std::vector<torch::Tensor> we
                              double eps, std::optional<torch::Tensor> rows,
                              std::vector<int64_t> windows);  // decoder_cpu.cpp
 
+// Every routine runs without the GIL: a step's C++ (one call for all decoder layers) takes most of its time, and
+// holding the interpreter meanwhile stopped every other thread of a worker process (the web server's event loop
+// in the embedded mode, the token publisher, Celery's) for the whole forward pass (issue 41).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)");
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_attention", &paged_attention, "paged attention over a varlen batch (CPU)", nogil);
   m.attr("PROMPT_MIN_QUERY") = PROMPT_MIN_QUERY;
-  m.def("rotary_embedding", &rotary_embedding, "rotary position embedding of q and k heads, in place (CPU)");
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row (CPU)");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (CPU)");
-  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu_tanh(gate) * up of a fused [gate | up] (CPU)");
-  m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their cache slots (CPU)");
+  m.def("rotary_embedding", &rotary_embedding, "rotary position embedding of q and k heads, in place (CPU)", nogil);
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row (CPU)", nogil);
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (CPU)", nogil);
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu_tanh(gate) * up of a fused [gate | up] (CPU)", nogil);
+  m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their cache slots (CPU)", nogil);
   m.def("tiled_weights_available", &tiled_weights_available, "whether AMX tiled weight-only matmuls run here");
-  m.def("tiled_int4_matmul", &tiled_int4_matmul, "x @ W.T, W int4 in the tiled layout (CPU, AMX)");
-  m.def("tiled_int8_matmul", &tiled_int8_matmul, "x @ W.T, W int8 in the tiled layout (CPU, AMX)");
-  m.def("decoder_layers", &decoder_layers, "a Llama model's decoder layers for one step (CPU)");
+  m.def("tiled_int4_matmul", &tiled_int4_matmul, "x @ W.T, W int4 in the tiled layout (CPU, AMX)", nogil);
+  m.def("tiled_int8_matmul", &tiled_int8_matmul, "x @ W.T, W int8 in the tiled layout (CPU, AMX)", nogil);
+  m.def("decoder_layers", &decoder_layers, "a Llama model's decoder layers for one step (CPU)", nogil);
 }

@@ -24,8 +24,8 @@ def test_our_pool_holds_the_bytes_vllm_is_given(tmp_path):
 def test_both_servers_get_the_same_limits(tmp_path):
     model = smollm2_like(tmp_path)
     args = serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), "--dtype", "bfloat16", "--kv-gib", "0.5"])
-    ours, ours_env = serve_vs_vllm.server_command("ours", args, model)
-    vllm, vllm_env = serve_vs_vllm.server_command("vllm", args, model)
+    ((ours, ours_env),) = serve_vs_vllm.server_commands("ours", args, model)
+    ((vllm, vllm_env),) = serve_vs_vllm.server_commands("vllm", args, model)
     assert ours[-3:] == ["playground", "--port", str(args.port)]
     assert ours_env["ENGINE_DTYPE"] == "bfloat16" and ours_env["ENGINE_MAX_NUM_SEQS"] == "64"
     assert ours_env["PLAYGROUND_ANON_MAX_CONCURRENT_PER_ADDRESS"] == "0"  # one client holds every stream
@@ -34,6 +34,18 @@ def test_both_servers_get_the_same_limits(tmp_path):
     assert vllm[3] == "serve" and flags["--dtype"] == "bfloat16" and flags["--max-num-seqs"] == "64"
     assert flags["--kv-cache-memory-bytes"] == str(1024**3 // 2)
     assert vllm_env["VLLM_TARGET_DEVICE"] == "cpu" and vllm_env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+def test_the_distributed_stack_is_the_compose_file_s_processes_over_one_redis(tmp_path):
+    model = smollm2_like(tmp_path)
+    args = serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), "--stack", "distributed"])
+    (migrate, migrate_env), (worker, worker_env), (web, web_env) = serve_vs_vllm.server_commands("ours", args, model)
+    assert migrate[-2:] == ["migrate", "--noinput"]
+    assert worker[1:5] == ["-m", "celery", "-A", "playground"] and worker[worker.index("--pool") + 1] == "threads"
+    assert web[-3:] == ["web", "--port", str(args.port)]
+    assert migrate_env == worker_env == web_env  # one database, one Redis, one secret key
+    assert web_env["REDIS_URL"] == args.redis_url and web_env["SECRET_KEY"]
+    assert web_env["ENGINE_MAX_NUM_SEQS"] == "64"
 
 
 def test_unknown_backends_are_refused(tmp_path):

@@ -4,6 +4,9 @@ writes, over steps that mix whole prompts, a prompt after cached context, short 
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -94,3 +97,45 @@ def test_layers_that_need_python_keep_the_layer_by_layer_path(tmp_path):
     state = {k: v for k, v in hf.state_dict().items() if not k.endswith("o_proj.bias")}
     biased = load_model(save_folder(tmp_path / "bias", hf, state), torch.device("cpu"), torch.float32)
     assert biased._stack_weights(cpu_kernels) is None
+
+
+def test_the_one_call_stack_runs_without_the_interpreter_lock(tmp_path, monkeypatch):
+    """A worker's web server, token publisher and Celery threads share the engine's process (issue 41): while the
+    C++ stack computes a step they must run. With the switch interval at an hour the interpreter changes threads
+    only where one releases the lock, so the main thread runs during the call only if the call released it."""
+    hf = tiny_llama(hidden_size=192, intermediate_size=384, num_attention_heads=6, num_key_value_heads=2,
+                    num_hidden_layers=3)
+    model = load_model(save_folder(tmp_path, hf), torch.device("cpu"), torch.float32)
+    shape = (4 * 8, BLOCK_SIZE, 2, 32)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(3)]
+    positions, meta = metadata(STEPS[0])
+    ids = torch.randint(0, hf.config.vocab_size, positions.shape, generator=torch.Generator().manual_seed(0))
+    native, calls = cpu_kernels.extension(), []
+
+    class Recorder:  # the exact arguments the model hands the C++ routine
+        def decoder_layers(self, *args):
+            calls.append(args)
+            return native.decoder_layers(*args)
+
+    monkeypatch.setattr(cpu_kernels, "extension", Recorder)
+    model(ids, positions, caches, meta, cpu_kernels)
+    (args,) = calls
+    started, finished, seen_running = threading.Event(), threading.Event(), []
+
+    def step() -> None:
+        started.set()
+        for _ in range(50):  # long enough for the main thread to be woken
+            native.decoder_layers(*args)
+        finished.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(3600)
+    try:
+        worker = threading.Thread(target=step)
+        worker.start()
+        started.wait()
+        seen_running.append(not finished.is_set())
+        worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert seen_running == [True]
