@@ -10,6 +10,8 @@ GPU, with every figure of BENCHMARKS.md's GPU table, saved to JSON after each se
 3. ``throughput``: a 256-request chat workload in bfloat16 on the SmolLM2-shaped model, our engine's pool sized by
    ``gpu_memory_utilization=0.9`` against HF ``generate`` in static padded batches under the same KV memory
    (``bench``'s own adapters and KV accounting: blocks held, slot utilisation, preemptions).
+4. ``host``: the engine step at 256 sequences on the same model (issue 41: at most 5 ms), timed part by part with
+   ``bench.host_overhead``'s timers: scheduling, batch building, forward, logits, sampling, the rest.
 
 A section that fails is saved with its traceback and the next one still runs. Without CUDA (or with
 ``--cpu-smoke``) the same code runs on tiny shapes on the CPU, so the test suite keeps every path working
@@ -38,7 +40,7 @@ from typing import Any
 
 import torch
 
-from bench import workloads
+from bench import host_overhead, workloads
 from bench.engines import hf_static, ours
 from bench.engines.base import RunConfig
 from bench.kv import KVGeometry
@@ -90,11 +92,12 @@ class Plan:
     kv_budgets: tuple[int | None, ...]  # KV token slots per throughput run; None: gpu_memory_utilization=0.9
     max_num_seqs: int
     max_num_batched_tokens: int
+    host_sequences: int  # the host section's batch
 
 
 GPU_PLAN = Plan((SMOLLM2, LLAMA_1B_LIKE), (5, 17, 40, 64, 129, 300, 700, 1500), 32, SMOLLM2,
-                workloads.WorkloadSpec(256, (20, 400), (16, 128)), (None, 23296), 256, 8192)
-CPU_PLAN = Plan((TINY,), (5, 17, 40), 6, TINY, workloads.WorkloadSpec(4, (20, 60), (4, 8)), (2048,), 4, 2048)
+                workloads.WorkloadSpec(256, (20, 400), (16, 128)), (None, 23296), 256, 8192, 256)
+CPU_PLAN = Plan((TINY,), (5, 17, 40), 6, TINY, workloads.WorkloadSpec(4, (20, 60), (4, 8)), (2048,), 4, 2048, 8)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         for budget in plan.kv_budgets:  # one section each, so a slow second one cannot cost the first's figures
             sections[_throughput_name(budget)] = functools.partial(throughput_section, plan, device, tokenizer_dir,
                                                                    Path(tmp), budget)
+        sections["host"] = lambda: host_section(plan, device, tokenizer_dir, Path(tmp))
         for name in args.sections.split(",") if args.sections else sections:
             started = time.perf_counter()
             try:
@@ -317,9 +321,7 @@ def throughput_section(plan: Plan, device: torch.device, tokenizer_dir: Path, tm
     (`budget` token slots, or with None as many as `gpu_memory_utilization=0.9` gives it)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    folder = tmp / plan.throughput_model.name
-    if not (folder / "config.json").is_file():
-        random_model_folder(plan.throughput_model, folder, tokenizer_dir, device)
+    folder = _throughput_model(plan, device, tokenizer_dir, tmp)
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     workload = workloads.build("chat", AutoTokenizer.from_pretrained(folder), seed=0, spec=plan.chat)
     config = RunConfig(model_path=folder, geometry=KVGeometry.from_hf_config(AutoConfig.from_pretrained(folder), dtype),
@@ -344,6 +346,30 @@ def throughput_section(plan: Plan, device: torch.device, tokenizer_dir: Path, tm
                          "padded_row_len": workload.padded_row_len},
             "ours": ours_figures, "hf_static": hf_figures,
             "ratio_output_tokens_per_s": ours_figures["output_tokens_per_s"] / hf_figures["output_tokens_per_s"]}
+
+
+def host_section(plan: Plan, device: torch.device, tokenizer_dir: Path, tmp: Path) -> dict[str, Any]:
+    """`plan.host_sequences` sequences of 16-token prompts, 64 tokens each, all at once, on the throughput model:
+    ms per engine step, part by part. On a GPU the forward's kernels run asynchronously, so the device's own time
+    shows up where the host first waits for it (sampling reads the tokens back)."""
+    folder = _throughput_model(plan, device, tokenizer_dir, tmp)
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    config = replace(host_overhead.run_config(folder, plan.host_sequences, dtype=dtype), device=device.type)
+    engine = ours.make_engine(config)
+    try:
+        figures = host_overhead.split(engine, host_overhead.workload(plan.host_sequences))
+        engine.check_integrity()  # every block freed, every ref count exact
+    finally:
+        engine.close()
+    return {"dtype": dtype, "sequences": plan.host_sequences, **figures}
+
+
+def _throughput_model(plan: Plan, device: torch.device, tokenizer_dir: Path, tmp: Path) -> Path:
+    """The throughput model's folder, built once a run."""
+    folder = tmp / plan.throughput_model.name
+    if not (folder / "config.json").is_file():
+        random_model_folder(plan.throughput_model, folder, tokenizer_dir, device)
+    return folder
 
 
 def _progress(message: str) -> None:
@@ -379,6 +405,11 @@ def summary(results: dict[str, Any]) -> str:
                          f"{f['kv_slot_utilization_avg']:.2f}, preemptions {f['num_preemptions']}, "
                          f"most running {f['max_concurrent_requests']}")
         lines.append(f"  ours / HF static: {entry['ratio_output_tokens_per_s']:.2f}x")
+    host = sections.get("host", {})
+    if host.get("ok"):
+        parts = ", ".join(f"{phase} {ms:.2f}" for phase, ms in host["ms_per_step"].items())
+        lines.append(f"host: {host['step_ms']:.2f} ms a step at {host['sequences']} sequences over {host['steps']} "
+                     f"steps ({parts} ms)")
     return "\n".join(lines)
 
 

@@ -114,7 +114,8 @@ def server_commands(side: str, args: argparse.Namespace, model: Path) -> list[tu
            "PLAYGROUND_VAR_DIR": str(Path(tempfile.gettempdir()) / "bench-serve-var")}
     if args.stack == "embedded":
         return [([sys.executable, "manage.py", "playground", "--port", str(args.port)], env)]
-    env |= {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-serve-vs-vllm"}
+    # Keyless API as in the embedded default (a Redis stack asks for keys unless told otherwise).
+    env |= {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-serve-vs-vllm", "PLAYGROUND_API_KEYLESS": "1"}
     return [([sys.executable, "manage.py", "migrate", "--noinput"], env),
             ([sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu", "-n", "bench@%h",
               "--pool", "threads", "-c", "64", "--without-gossip", "--without-mingle", "-l", "WARNING"], env),

@@ -229,3 +229,15 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
     ])
+
+
+def round_record(order: tuple[str, ...], bare: Run, web: Run, delays: dict[str, list[float]]) -> dict[str, Any]:
+    """One round's figures as JSON, for a bench/results record's paths (`rounds.*.web.tokens_per_s`...)."""
+    def ms(values: list[float], q: int) -> float | None:
+        return round(percentile(values, q) * 1000, 1) if values else None
+
+    return {"order": list(order),
+            "bare": {"tokens": bare.tokens, "seconds": round(bare.seconds, 3), "tokens_per_s": bare.tokens_per_s},
+            "web": {"tokens": web.tokens, "seconds": round(web.seconds, 3), "tokens_per_s": web.tokens_per_s,
+                    **{f"{kind}_delay_p{q}_ms": ms(delays.get(kind, []), q) for kind in ("ws", "api") for q in (50, 99)}},
+            "ratio": web.tokens_per_s / bare.tokens_per_s}

@@ -15,7 +15,7 @@ def test_cpu_smoke_runs_every_section_and_the_oracle_holds(tmp_path, capsys):
     assert gpu_suite.main(["--out", str(out), "--cpu-smoke", "--skip-kernel-tests"]) == 0
     results = json.loads(out.read_text())
     sections = results["sections"]
-    assert set(sections) == {"kernels", "oracle", "throughput_2048"}
+    assert set(sections) == {"kernels", "oracle", "throughput_2048", "host"}
     assert all(s["ok"] for s in sections.values())
     assert results["machine"]["device"].startswith("cpu")
     for row in sections["kernels"]["attention"]:  # Triton (interpreted) agrees with the reference
@@ -32,7 +32,11 @@ def test_cpu_smoke_runs_every_section_and_the_oracle_holds(tmp_path, capsys):
         assert run[engine]["kv_budget_tokens"] == 2048
     assert run["ratio_output_tokens_per_s"] == pytest.approx(
         run["ours"]["output_tokens_per_s"] / run["hf_static"]["output_tokens_per_s"])
-    assert "ours / HF static" in capsys.readouterr().out
+    host = sections["host"]  # 8 prompts prefilled in one step, then 63 decode steps
+    assert host["sequences"] == 8 and host["steps"] == 64
+    assert host["step_ms"] == pytest.approx(sum(host["ms_per_step"].values())) and host["step_ms"] > 0
+    printed = capsys.readouterr().out
+    assert "ours / HF static" in printed and "host: " in printed
 
 
 def test_a_failing_section_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch):

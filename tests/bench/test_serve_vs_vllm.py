@@ -45,6 +45,7 @@ def test_the_distributed_stack_is_the_compose_file_s_processes_over_one_redis(tm
     assert web[-3:] == ["web", "--port", str(args.port)]
     assert migrate_env == worker_env == web_env  # one database, one Redis, one secret key
     assert web_env["REDIS_URL"] == args.redis_url and web_env["SECRET_KEY"]
+    assert web_env["PLAYGROUND_API_KEYLESS"] == "1"  # vllm bench serve sends no key
     assert web_env["ENGINE_MAX_NUM_SEQS"] == "64"
 
 

@@ -1,4 +1,5 @@
 """The serving benchmark's arithmetic, and `python -m bench.serving` itself on a small workload (slow)."""
+import json
 import os
 import subprocess
 import sys
@@ -55,10 +56,17 @@ def test_serving_bench_streams_websocket_and_api_clients_at_once_and_checks_thei
     """`python -m bench.serving` end to end, small: both kinds of clients complete with the engine's texts."""
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
     env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(tmp_path))
+    out = tmp_path / "serving.json"
     done = subprocess.run([sys.executable, "-m", "bench.serving", "--clients", "4", "--api-clients", "4",
-                           "--max-tokens", "8", "--port", str(free_port())],
+                           "--max-tokens", "8", "--port", str(free_port()), "--rounds", "2", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "all 8 delivered texts equal the engine's" in done.stdout
+    assert done.stdout.count("all 8 delivered texts equal the engine's") == 2
     row = done.stdout.strip().splitlines()[2]
     assert row.startswith("| 4 | 4 | 8 |")
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["order"] for r in rounds] == [["bare", "web"], ["web", "bare"]]  # alternating
+    for r in rounds:
+        assert r["bare"]["tokens"] == r["web"]["tokens"] > 0  # greedy: the same texts either way
+        assert r["ratio"] == pytest.approx(r["web"]["tokens_per_s"] / r["bare"]["tokens_per_s"])
+        assert r["web"]["ws_delay_p99_ms"] is not None and r["web"]["api_delay_p99_ms"] is not None
