@@ -36,6 +36,14 @@ FAMILY_SHAPE = {**SHAPE, "num_attention_heads": 4, "num_key_value_heads": 2, "he
 PHI3_SHAPE = {**SHAPE, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
+# The slow backends run one family per path of their own, not all of them: the model code every family adds runs
+# on the torch and C++ backends above, token for token against HF. Triton: its attention kernels at head_dim 64
+# (llama3) and 32 (Phi-3), reading the latent (DeepSeek-V2), and the fused-MoE kernel (Qwen3-MoE); windows and
+# soft caps in `test_windowed_family_on_triton_equals_hf`. TP=2: how each family's weights are sharded (plain,
+# per-head q/k norm, q/k/v biases, fused Phi-3 tensors, NoPE layers, Gemma's norms and caps), and every refusal.
+TRITON_FAMILIES = ["llama3", "phi3-longrope-long", "deepseek-v2-q", "qwen3-moe"]
+TP_FAMILIES = ["llama3", "qwen3", "qwen2-layer-types", "phi3-window", "smollm3", "gemma2", "gemma3"]
+
 # Families whose TP=2 is refused, and the words the refusal names them by.
 TP_REFUSED = {"olmo2": "q/k norm over the whole projection", "qwen3-moe": "mixture of experts",
               "mixtral": "mixture of experts", "deepseek-v2": "latent attention", "deepseek-v2-q": "latent attention"}
@@ -183,6 +191,7 @@ def test_windowed_family_on_triton_equals_hf(family):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", TRITON_FAMILIES, indirect=True)
 def test_family_greedy_equals_hf_on_triton(family):
     """The Triton backend (attention kernels interpreted on the CPU; rotary and norms are the reference's):
     HF's first tokens for every prompt, prefill and decode both through the kernels."""
@@ -195,6 +204,7 @@ def test_family_greedy_equals_hf_on_triton(family):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", TP_FAMILIES + sorted(TP_REFUSED), indirect=True)
 def test_family_under_tensor_parallelism_equals_hf(family, request):
     """TP=2 on gloo (2 of 4 query heads and 1 of 2 KV heads a rank; Phi-3's fused tensors split before they
     are sharded): HF's first tokens for every prompt. What TP does not implement is refused by name."""
