@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -13,3 +15,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No GPU here or in CI: Triton kernels run under Triton's interpreter on CPU tensors. It must be set
 # before triton is first imported, by any test module.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(tmp_path_factory, django_db_modify_db_settings_parallel_suffix) -> None:
+    """SQLite's test database in a file, as the product runs it (WAL, a writer waiting its turn), not Django's
+    shared-cache in-memory one: there a write that meets another thread's open read fails at once with "database
+    table is locked" instead of waiting (the ASGI fuzz test, whose API requests and socket turns write from
+    several threads, failed so in one run of two). pytest-django's own hook for changing the test database."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):
+        database.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("database") / "test.sqlite3")

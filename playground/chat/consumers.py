@@ -130,6 +130,9 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                     for chunk in update.chunks:
                         await self.send_json({"type": "token", "request_id": request_id, **chunk})
                     if update.done is not None:
+                        # The slot is free (and the tokens counted) before the browser hears `done`: a next turn
+                        # sent at once must not meet this request's slot, nor its database write.
+                        await generation.close()
                         await self.finish(request_id, update.done, saving)
         except GenerationFailed as exc:
             await self.send_json({"type": "error", "request_id": request_id, "message": str(exc)})
