@@ -1,6 +1,7 @@
 """Per-user limits (concurrent requests, tokens per minute), their overrides, the cache salt, and how the
 chat socket answers a user over a limit (an error event; the socket and the running request carry on)."""
 import asyncio
+import time
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
@@ -131,3 +132,29 @@ def test_finished_and_refused_requests_give_their_slots_back(monkeypatch, settin
     frames = asyncio.run(scenario())
     assert [f["type"] for f in frames if f["type"] != "token"] == ["started", "error", "done"]
     assert cache.get(f"limits:conc:{limits.anonymous_identity('')}") == 0
+
+
+def test_a_turn_sent_the_moment_the_last_one_is_done_gets_the_slot(monkeypatch, settings):
+    """The socket gives the slot back before it says `done`, so a client at its limit of one may send its next
+    turn at once, every time, however slow giving it back is (a busy cache: here 0.2 s)."""
+    anonymous_limits(settings, per_address=1)
+    release = limits.Admission.release
+
+    def slow_release(admission):
+        time.sleep(0.2)
+        release(admission)
+
+    monkeypatch.setattr(limits.Admission, "release", slow_release)
+
+    async def scenario():
+        async with worker(monkeypatch):
+            ws = await connect()
+            turns = []
+            for _ in range(3):
+                await ws.send_json_to(generate(max_tokens=2))
+                turns.append(await until_end(ws))
+            await ws.disconnect()
+            return turns
+
+    for frames in asyncio.run(scenario()):
+        assert frames[0]["type"] == "started" and frames[-1]["type"] == "done", frames[0]
