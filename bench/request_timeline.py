@@ -285,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                 if missing:
                     raise RuntimeError(f"request {request_id} has no {', '.join(missing)} mark")
                 timelines.append(marks)
+            phases = summary(timelines)
             outcome["record"] = {"machine": machine(), "config": {k: str(v) if isinstance(v, Path) else v
                                                                   for k, v in vars(args).items()},
-                                 "phases": summary(timelines), **outside_engine_ms(timelines),
-                                 "mean_ms": {f"{r['from']}-{r['to']}": r["mean_ms"] for r in summary(timelines)},
+                                 "phases": phases, **outside_engine_ms(timelines),
+                                 "mean_ms": {f"{r['from']}-{r['to']}": r["mean_ms"] for r in phases},
                                  "requests": timelines}
         except Exception as exc:
             outcome["error"] = exc
