@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     if side == "bare":
                         runs["bare"] = bench.run_bare(service, chats, params)
                         continue
-                    runs["web"], results = bench.run_web(who, params)
+                    runs["web"], results = bench.run_web(who, params, recorder.finals)
                     wrong = bench.mismatched_texts(results, recorder.finals)
                     if wrong:
                         raise RuntimeError(f"{len(wrong)} of {len(results)} delivered texts differ from the engine's")

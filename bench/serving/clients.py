@@ -42,6 +42,8 @@ def workload(clients: int) -> list[list[dict[str, str]]]:
 class Run:
     tokens: int
     seconds: float
+    started: float = 0.0  # perf_counter (system-wide monotonic) when the first request left its client
+    phases: dict[str, float] = field(default_factory=dict)  # see `phases`
 
     @property
     def tokens_per_s(self) -> float:
@@ -50,13 +52,13 @@ class Run:
 
 def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, Any]) -> Run:
     """All chats at once straight into the engine; each stream drained by its own thread."""
-    counts: list[int] = []
+    finals: list[Any] = []
 
     def drain(chat: list[dict]) -> None:
         stream = service.submit(uuid.uuid4().hex, Job(params, chat))
         while stream.get() is not None:
             pass
-        counts.append(sum(len(o.token_ids) for o in stream.final.outputs))
+        finals.append(stream.final)
 
     threads = [threading.Thread(target=drain, args=(chat,)) for chat in chats]
     start = time.perf_counter()
@@ -64,7 +66,18 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
         thread.start()
     for thread in threads:
         thread.join()
-    return Run(sum(counts), time.perf_counter() - start)
+    end = time.perf_counter()
+    return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, start,
+               phases(start, end, finals))
+
+
+def phases(start: float, end: float, finals: list[Any]) -> dict[str, float]:
+    """Where a run's seconds went, from the engine's own request times: until the first request reached the
+    engine, until the last one did, until the engine's last token, and until the last client was done."""
+    arrivals = sorted(f.metrics.arrival_time for f in finals)
+    last_token = max(f.metrics.token_times[-1] for f in finals if f.metrics.token_times)
+    return {"to_first_arrival_s": arrivals[0] - start, "arrival_spread_s": arrivals[-1] - arrivals[0],
+            "engine_span_s": last_token - arrivals[0], "after_last_token_s": end - last_token}
 
 
 class FinalsRecorder:
@@ -160,8 +173,8 @@ class Clients:
     api_chats: list[list[dict]] = field(default_factory=list)
 
 
-def _clients(clients: Clients, params: dict) -> tuple[float, list[Delivery]]:
-    """Every client at once (in the clients' process); returns the seconds until the last one finished."""
+def _clients(clients: Clients, params: dict) -> tuple[float, float, list[Delivery]]:
+    """Every client at once (in the clients' process); returns when they started and when the last one was done."""
 
     async def everyone():
         return await asyncio.gather(
@@ -171,17 +184,19 @@ def _clients(clients: Clients, params: dict) -> tuple[float, list[Delivery]]:
 
     start = time.perf_counter()
     results = asyncio.run(everyone())
-    return time.perf_counter() - start, results
+    return start, time.perf_counter(), results
 
 
-def run_web(clients: Clients, params: dict) -> tuple[Run, list[Delivery]]:
+def run_web(clients: Clients, params: dict, finals: dict[str, Any]) -> tuple[Run, list[Delivery]]:
     """The web run, its clients in a fresh process (spawned: forking this one, with the engine's and the
-    server's threads, could copy a lock some thread holds)."""
+    server's threads, could copy a lock some thread holds); `finals`: the engine's outputs by request id
+    (FinalsRecorder's), for the run's phases."""
     if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
         raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        seconds, results = pool.submit(_clients, clients, params).result()
-    return Run(sum(r.completion_tokens for r in results), seconds), results
+        start, end, results = pool.submit(_clients, clients, params).result()
+    return Run(sum(r.completion_tokens for r in results), end - start, start,
+               phases(start, end, [finals[r.request_id] for r in results])), results
 
 
 def delivery_delays(results: list[Delivery], finals: dict[str, Any], tokenizer) -> list[float]:
@@ -228,6 +243,9 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {web.tokens_per_s:.1f} ({web.tokens} tok / {web.seconds:.1f} s) | {ratio:.1%} "
         f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
+        "",
+        *(f"{name} phases: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items())
+          for name, run in (("bare", bare), ("web", web)) if run.phases),
     ])
 
 
@@ -237,7 +255,9 @@ def round_record(order: tuple[str, ...], bare: Run, web: Run, delays: dict[str, 
         return round(percentile(values, q) * 1000, 1) if values else None
 
     return {"order": list(order),
-            "bare": {"tokens": bare.tokens, "seconds": round(bare.seconds, 3), "tokens_per_s": bare.tokens_per_s},
+            "bare": {"tokens": bare.tokens, "seconds": round(bare.seconds, 3), "tokens_per_s": bare.tokens_per_s,
+                     **{k: round(v, 3) for k, v in bare.phases.items()}},
             "web": {"tokens": web.tokens, "seconds": round(web.seconds, 3), "tokens_per_s": web.tokens_per_s,
+                    **{k: round(v, 3) for k, v in web.phases.items()},
                     **{f"{kind}_delay_p{q}_ms": ms(delays.get(kind, []), q) for kind in ("ws", "api") for q in (50, 99)}},
             "ratio": web.tokens_per_s / bare.tokens_per_s}

@@ -32,6 +32,15 @@ def test_each_token_is_timed_to_the_frame_that_completes_its_text():
     assert bench.delivery_delays(results, finals, CharTokenizer()) == pytest.approx([0.25, 1.5, 0.5])
 
 
+def test_a_run_s_seconds_are_split_by_the_engine_s_own_request_times():
+    def request(arrival, token_times):
+        return SimpleNamespace(metrics=SimpleNamespace(arrival_time=arrival, token_times=token_times))
+
+    finals = [request(10.5, [11.0, 12.0]), request(10.2, [10.9, 13.5]), request(10.9, [])]
+    assert bench.phases(10.0, 14.0, finals) == pytest.approx(
+        {"to_first_arrival_s": 0.2, "arrival_spread_s": 0.7, "engine_span_s": 3.3, "after_last_token_s": 0.5})
+
+
 def test_report_row():
     delays = {"ws": [0.01, 0.02, 0.03], "api": [0.04]}
     row = bench.report(2, 1, 8, bench.Run(100, 2.0), bench.Run(95, 2.0), delays, 30).splitlines()[-1]
@@ -70,3 +79,7 @@ def test_serving_bench_streams_websocket_and_api_clients_at_once_and_checks_thei
         assert r["bare"]["tokens"] == r["web"]["tokens"] > 0  # greedy: the same texts either way
         assert r["ratio"] == pytest.approx(r["web"]["tokens_per_s"] / r["bare"]["tokens_per_s"])
         assert r["web"]["ws_delay_p99_ms"] is not None and r["web"]["api_delay_p99_ms"] is not None
+        for side in ("bare", "web"):  # the phases partition the run's seconds
+            run = r[side]
+            parts = run["to_first_arrival_s"] + run["engine_span_s"] + run["after_last_token_s"]
+            assert parts == pytest.approx(run["seconds"], abs=0.01) and run["arrival_spread_s"] >= 0
