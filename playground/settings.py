@@ -120,7 +120,8 @@ if REDIS_URL:
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 1000}}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "playground.serving.shared.memory_layer.EmbeddedChannelLayer",
+                                  "CONFIG": {"capacity": 1000}}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery (read by playground/celery.py with the CELERY_ prefix) ------------------------------------------

@@ -4,7 +4,8 @@ Two runs of one greedy workload (N chats at once) on the same in-process engine:
   bare: the engine's streams read directly, no Celery, no channel layer, no websocket;
   web:  N websocket clients through the consumer, Celery task, coalescing and the channel layer.
 The web run's clients are asyncio clients in a separate process, as browsers would be: in the server's
-process they would take its GIL from the engine and the web path being measured.
+process they would take its GIL from the engine and the web path being measured. Each websocket client loads
+the chat page and opens its socket before the clock starts, as a browser does before its user sends.
 Reported: tokens/s of each, their ratio, and the delay from the engine emitting a token to a client
 receiving it (the engine's per-token times come from the finished requests, text offsets from the
 tokenizer; both processes read `perf_counter`, which on Linux is the system-wide CLOCK_MONOTONIC).
@@ -22,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from playground.serving.shared.envelope import Job
 from playground.serving.worker.engine_service import EngineService
@@ -105,9 +106,25 @@ class Delivery:
     text: str
 
 
-async def _ws_client(ws_url: str, origin: str, chat: list[dict], params: dict) -> Delivery:
-    """One websocket chat client, through the consumer."""
-    async with connect(ws_url, origin=origin, proxy=None, open_timeout=60, max_queue=None) as ws:
+async def _open_chat(ws_url: str, page_url: str) -> ClientConnection:
+    """As a browser opens the chat: load the page (which gives an anonymous visitor the session that owns their
+    chats), then open the socket with its cookie."""
+    host, _, port = page_url.removeprefix("http://").partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+    head = (await reader.read()).partition(b"\r\n\r\n")[0].decode()
+    writer.close()
+    cookies = [line.split(":", 1)[1].split(";", 1)[0].strip() for line in head.splitlines()
+               if line.lower().startswith("set-cookie:")]
+    if not any(cookie.startswith("sessionid=") for cookie in cookies):
+        raise RuntimeError(f"the chat page set no session: {head.splitlines()[:1]}")
+    return await connect(ws_url, origin=page_url, proxy=None, open_timeout=60, max_queue=None,
+                         additional_headers={"Cookie": "; ".join(cookies)})
+
+
+async def _ws_client(ws: ClientConnection, chat: list[dict], params: dict) -> Delivery:
+    """One websocket chat on an open socket, through the consumer."""
+    async with ws:
         await ws.send(json.dumps({"type": "generate", "messages": chat, "params": params}))
         received: list[tuple[float, int]] = []
         text = ""
@@ -174,17 +191,20 @@ class Clients:
 
 
 def _clients(clients: Clients, params: dict) -> tuple[float, float, list[Delivery]]:
-    """Every client at once (in the clients' process); returns when they started and when the last one was done."""
+    """Every client at once (in the clients' process); returns when they started and when the last one was done.
+    The websocket chats' pages are loaded and their sockets open before the clock starts, as a browser's are
+    before its user sends; an API client connects per request, as API clients do."""
 
     async def everyone():
-        return await asyncio.gather(
-            *(_ws_client(clients.ws_url, clients.origin, chat, params) for chat in clients.ws_chats),
+        sockets = await asyncio.gather(*(_open_chat(clients.ws_url, clients.origin) for _ in clients.ws_chats))
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(_ws_client(ws, chat, params) for ws, chat in zip(sockets, clients.ws_chats)),
             *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
         )
+        return start, time.perf_counter(), results
 
-    start = time.perf_counter()
-    results = asyncio.run(everyone())
-    return start, time.perf_counter(), results
+    return asyncio.run(everyone())
 
 
 def run_web(clients: Clients, params: dict, finals: dict[str, Any]) -> tuple[Run, list[Delivery]]:

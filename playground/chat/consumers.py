@@ -64,26 +64,37 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "message": "internal server error"})
 
     async def generate(self, request: Generate) -> None:
-        """Admit, store the transcript and answer `started` here (so frames are answered in order); the
-        generation itself runs in its own task."""
+        """Admit, start the generation, store the transcript and answer `started` here (so frames are answered in
+        order); the relay streams in its own task, from after `started`. The engine starts on the request before
+        the transcript is written: a burst of turns queues its writes on the one database thread, and waiting
+        for them held each turn back from the engine's batch (64 new chats at once reached the engine over half
+        a second, `python -m bench.serving`)."""
         adapter = models.adapter_for(request.model)  # an unknown model: UnknownModel, an error frame
         user, session_key = self.scope.get("user"), await self.session_key()
         address = (self.scope.get("client") or ("",))[0]
         # Over the user's limits: LimitExceeded, an InvalidInput, becomes an error frame.
         generation = await lifecycle.admit(lambda: limits.admit_user(user, session_key, address))
         try:
-            conversation = await database_sync_to_async(store.open_conversation)(
-                user, session_key, request.conversation_id, request.messages
-            )
-            job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                      preferred_worker=conversation.last_worker, adapter=adapter, fit_window=True)
-            await self.send_json({"type": "started", "request_id": generation.request_id,
-                                  "conversation_id": str(conversation.id)})
+            # Someone else's conversation: ConversationNotFound, an error frame, before the engine sees anything.
+            worker = await database_sync_to_async(store.last_worker)(user, session_key, request.conversation_id)
         except BaseException:
             await generation.close()
             raise
+        job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
+                  preferred_worker=worker, adapter=adapter, fit_window=True)
+        saving = asyncio.get_running_loop().create_future()
+        self.start_relay(generation, job, saving)
+        try:
+            conversation = await database_sync_to_async(store.open_conversation)(
+                user, session_key, request.conversation_id, request.messages
+            )
+            await self.send_json({"type": "started", "request_id": generation.request_id,
+                                  "conversation_id": str(conversation.id)})
+        except BaseException:
+            saving.cancel()  # the relay ends the generation without a frame; this frame's error is the answer
+            raise
         # The reply answers the last message sent (the leaf now), wherever the branch shown is by then.
-        self.start_relay(generation, job, (conversation.id, conversation.leaf_id))
+        saving.set_result((conversation.id, conversation.leaf_id))
 
     async def compare(self, request: Compare) -> None:
         """Admit both sides or neither (a refused B gives A's slot back at once), answer `compare_started` with
@@ -115,17 +126,20 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.running[request.request_id][0].cancel()
 
     # --- one generation ---------------------------------------------------------------------------
-    def start_relay(self, generation: Generation, job: Job, saving: tuple[UUID, int] | None) -> None:
+    def start_relay(self, generation: Generation, job: Job,
+                    saving: asyncio.Future[tuple[UUID, int]] | None) -> None:
         task = asyncio.create_task(self.relay(generation, job, saving))
         self.running[generation.request_id] = (generation, task)
 
-    async def relay(self, generation: Generation, job: Job, saving: tuple[UUID, int] | None) -> None:
-        """Stream one generation to the browser: token frames, then `done` or `error`. `saving`: the conversation
-        and the message the reply is saved under; None for a compare side."""
+    async def relay(self, generation: Generation, job: Job, saving: asyncio.Future[tuple[UUID, int]] | None) -> None:
+        """Start one generation and stream it to the browser: token frames, then `done` or `error`. `saving`
+        resolves, once `started` is sent, to the conversation and the message the reply is saved under; None
+        for a compare side; cancelled when the transcript could not be stored (the generation ends unheard)."""
         request_id = generation.request_id
         try:
             async with generation:
                 await generation.start(job)
+                saved_under = None if saving is None else await saving
                 async for update in generation.updates():
                     for chunk in update.chunks:
                         await self.send_json({"type": "token", "request_id": request_id, **chunk})
@@ -133,14 +147,23 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                         # The slot is free (and the tokens counted) before the browser hears `done`: a next turn
                         # sent at once must not meet this request's slot, nor its database write.
                         await generation.close()
-                        await self.finish(request_id, update.done, saving)
+                        await self.finish(request_id, update.done, saved_under)
         except GenerationFailed as exc:
+            await self._after_started(saving)
             await self.send_json({"type": "error", "request_id": request_id, "message": str(exc)})
         except Exception:
             logger.exception("request %s failed", request_id)
+            await self._after_started(saving)
             await self.send_json({"type": "error", "request_id": request_id, "message": "internal server error"})
         finally:
             self.running.pop(request_id, None)
+
+    @staticmethod
+    async def _after_started(saving: asyncio.Future | None) -> None:
+        """Wait until `started` has gone out (a request's frames follow it); raises CancelledError if it never
+        will, so the request ends without a frame."""
+        if saving is not None:
+            await saving
 
     async def finish(self, request_id: str, event: dict[str, Any], saving: tuple[UUID, int] | None) -> None:
         done = {key: event[key] for key in ("outputs", "usage", "timing")}

@@ -360,18 +360,56 @@ def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
     monkeypatch.setattr(store, "open_conversation", flaky_open)
 
     async def scenario():
-        async with worker(monkeypatch):
+        async with worker(monkeypatch, delay=0.05) as (engine, submitted):  # slow enough to be aborted mid-reply
             ws = await connect()
             await ws.send_json_to(generate())
             error = await ws.receive_json_from(timeout=5)
             await ws.send_json_to(generate(max_tokens=3))
             after = await until_end(ws)
             await ws.disconnect()
-            return error, after
+            return error, after, engine, submitted
 
-    error, after = run(scenario())
+    error, after, engine, submitted = run(scenario())
     assert error == {"type": "error", "message": "internal server error"}
     assert after[-1]["type"] == "done"
+    # The engine had started on the turn whose transcript failed: it was aborted, and no frame named it.
+    assert submitted[0]["request_id"] in engine.aborted
+    assert after[0]["type"] == "started" and after[0]["request_id"] == submitted[1]["request_id"]
+
+
+def test_a_turn_reaches_the_engine_while_its_transcript_is_still_being_written(monkeypatch):
+    """A burst of turns queues its database writes on one thread; the engine must not wait for them. Here the
+    transcript's write finishes only once the turn has been queued for a worker (on the old order it never
+    would), and the frames still come in order: `started` first, then the tokens."""
+    from playground.chat import store
+
+    real_open = store.open_conversation
+    submitted: list[dict] = []  # the worker's list of queued turns, once it runs
+
+    def open_after_the_turn_is_queued(*args, **kwargs):
+        deadline = time.monotonic() + 5
+        while not submitted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not submitted:
+            raise AssertionError("the turn was not queued while its transcript was being written")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(store, "open_conversation", open_after_the_turn_is_queued)
+
+    async def scenario():
+        nonlocal submitted
+        async with worker(monkeypatch) as (_, queued):
+            submitted = queued
+            ws = await connect()
+            await ws.send_json_to(generate(max_tokens=8))
+            frames = await until_end(ws, timeout=10)
+            await ws.disconnect()
+            return frames
+
+    frames = run(scenario())
+    assert frames[0]["type"] == "started" and frames[-1]["type"] == "done"
+    assert [f["type"] for f in frames[1:-1]] == ["token"] * (len(frames) - 2) and len(frames) > 2
+    assert "".join(f["text"] for f in frames[1:-1]) == frames[-1]["outputs"][0]["text"]
 
 
 def test_a_prefork_worker_refuses_to_start():
