@@ -69,14 +69,20 @@ class RequestStream:
         # Output indices whose finishing delta was sent (touched by the loop thread only).
         self.closed_indices: set[int] = set()
         # Set by the reader before it reads, to be woken instead of polling: called on the loop thread after
-        # each delta is queued, so it must be cheap (e.g. schedule a wake-up on the reader's event loop).
+        # a delta is queued, so it must be cheap (e.g. schedule a wake-up on the reader's event loop). After a
+        # step, once all its deltas are queued, and once per distinct callback: many streams may share one
+        # reader, and waking it per stream made it drain them while the loop was still filling them.
         self.on_put: Callable[[], None] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
 
-    def _put(self, item: object) -> None:
+    def _put(self, item: object, woken: set[Callable[[], None]] | None = None) -> None:
+        """Queue `item` and wake the reader, or, given `woken`, add its callback there for the caller to call."""
         self._queue.put(item)
         if self.on_put is not None:
-            self.on_put()
+            if woken is None:
+                self.on_put()
+            else:
+                woken.add(self.on_put)
 
     def get(self, timeout: float | None = None) -> StreamDelta | None:
         """Next delta, or None at the end of the stream; raises queue.Empty on timeout."""
@@ -278,8 +284,11 @@ class StreamingEngine:
                 self._fail_all(f"engine step failed: {exc}")
                 continue
             self._last_step_at = time.time()
+            woken: set[Callable[[], None]] = set()
             for output in outputs:
-                self._publish(output)
+                self._publish(output, woken)
+            for wake in woken:
+                wake()
             self._refresh_metrics()
             share = self.BACKGROUND_SHARE
             self._background_credit_s = min(self.BACKGROUND_BURST_S, self._background_credit_s
@@ -365,7 +374,8 @@ class StreamingEngine:
             del self._streams[request.request_id]
             raise
 
-    def _publish(self, output: RequestOutput) -> None:
+    def _publish(self, output: RequestOutput, woken: set[Callable[[], None]] | None = None) -> None:
+        """Queue the output's new text on its stream; `woken` as RequestStream._put's."""
         entry = self._streams.get(output.request_id)
         if entry is None:
             return
@@ -378,12 +388,12 @@ class StreamingEngine:
             seq.num_emitted_tokens = seq.num_output_tokens
             if text or new_ids or seq.is_finished:
                 stream._put(StreamDelta(output.request_id, seq.index, text, new_ids, seq.is_finished,
-                                        seq.finish_reason))
+                                        seq.finish_reason), woken)
             if seq.is_finished:
                 stream.closed_indices.add(seq.index)
         if output.finished:
             stream.final = output
-            stream._put(_END)
+            stream._put(_END, woken)
             del self._streams[output.request_id]
 
     def _fail_all(self, message: str) -> None:

@@ -61,6 +61,33 @@ def test_concurrent_threads_share_one_batch(engine):
     assert idle(engine)
 
 
+def test_a_reader_of_many_streams_is_woken_once_a_step(engine, monkeypatch):
+    """One callback shared by several streams (the worker's token publisher) is called once per step, after all
+    of the step's deltas are queued, not once per stream while the loop is still queuing them."""
+    steps = [0]
+    step = engine.engine.step
+
+    def counted_step():
+        steps[0] += 1
+        return step()
+
+    monkeypatch.setattr(engine.engine, "step", counted_step)
+    woken_at: list[int] = []
+    streams = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+               for p in ORACLE_PROMPTS[:4]]
+
+    def wake():  # on the loop thread
+        woken_at.append(steps[0])
+
+    for stream in streams:
+        stream.on_put = wake
+    for stream in streams:
+        collect(stream)
+    assert len(woken_at) >= 5  # the streams shared most of their 10 steps
+    assert len(woken_at) == len(set(woken_at))  # never twice in one step
+    assert idle(engine)
+
+
 def test_async_iteration_and_chat_messages(engine):
     async def run():
         stream = engine.add_request(None, SamplingParams(temperature=0, max_tokens=16),
