@@ -39,9 +39,11 @@ PHI3_SHAPE = {**SHAPE, "hidden_size": 128, "num_attention_heads": 4, "num_key_va
 # The slow backends run one family per path of their own, not all of them: the model code every family adds runs
 # on the torch and C++ backends above, token for token against HF. Triton: its attention kernels at head_dim 64
 # (llama3) and 32 (Phi-3), reading the latent (DeepSeek-V2), and the fused-MoE kernel (Qwen3-MoE); windows and
-# soft caps in `test_windowed_family_on_triton_equals_hf`. TP=2: how each family's weights are sharded (plain,
-# per-head q/k norm, q/k/v biases, fused Phi-3 tensors, NoPE layers, Gemma's norms and caps), and every refusal.
+# soft caps in `test_windowed_family_on_triton_equals_hf` (a window on every layer; windowed and full layers
+# alternating with an attention cap). TP=2: how each family's weights are sharded (plain, per-head q/k norm, q/k/v
+# biases, fused Phi-3 tensors, NoPE layers, Gemma's norms and caps), and every refusal.
 TRITON_FAMILIES = ["llama3", "phi3-longrope-long", "deepseek-v2-q", "qwen3-moe"]
+WINDOWED_TRITON_FAMILIES = ["mistral-window", "gemma2"]
 TP_FAMILIES = ["llama3", "qwen3", "qwen2-layer-types", "phi3-window", "smollm3", "gemma2", "gemma3"]
 
 # Families whose TP=2 is refused, and the words the refusal names them by.
@@ -175,7 +177,7 @@ def test_gemma2_final_logit_soft_cap_equals_hf_in_prompt_logprobs(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["mistral-window", "qwen2-layer-types", "gemma2", "gemma3"], indirect=True)
+@pytest.mark.parametrize("family", WINDOWED_TRITON_FAMILIES, indirect=True)
 def test_windowed_family_on_triton_equals_hf(family):
     """The windowed Triton kernels in the engine (interpreted on the CPU): chunked prefill, then the same prompts
     again from the prefix cache."""

@@ -49,7 +49,7 @@ def test_a_failure_outside_step_fails_every_stream_and_refuses_new_requests(engi
     streams = [engine.add_request(p, LONG) for p in PROMPTS]
     assert streams[0].get(timeout=60) is not None  # the loop is mid-generation
 
-    def publish_fails(output):
+    def publish_fails(output, woken=None):
         raise RuntimeError("publisher broke")
 
     monkeypatch.setattr(engine, "_publish", publish_fails)

@@ -34,7 +34,8 @@ from playground.serving.web.edge import InvalidInput
 pytestmark = pytest.mark.slow
 MODEL = settings.PLAYGROUND_ENGINE["model"]
 LIMITS = settings.PLAYGROUND_LIMITS
-CASES = 10_000  # per front door (the API's split between its two endpoints)
+CASES = 10_000  # per front door: the socket's frames, and the API's bodies split between its five endpoints
+API_ENDPOINTS = ["chat", "completions", "responses", "tokenize", "detokenize"]
 ASGI_CASES = 400
 
 
@@ -184,7 +185,7 @@ def test_socket_parser_fuzz(capsys):
     assert sum(outcomes.values()) >= CASES and outcomes["accepted"] and outcomes["refused"]
 
 
-@pytest.mark.parametrize("endpoint", ["chat", "completions", "responses", "tokenize", "detokenize"])
+@pytest.mark.parametrize("endpoint", API_ENDPOINTS)
 def test_api_parser_fuzz(capsys, endpoint):
     outcomes = {"accepted": 0, "refused": 0}
     bodies = st.one_of(valid_bodies.map(json.dumps), raw_frames).map(lambda s: s.encode("utf-8", "surrogatepass"))
@@ -201,7 +202,7 @@ def test_api_parser_fuzz(capsys, endpoint):
             return parse_tokenizer(body, [MODEL], LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
         return parse_completion(body, [MODEL], defaults, LIMITS, settings.PLAYGROUND_API["max_prompt_chars"])
 
-    @fuzz(CASES // 3)
+    @fuzz(CASES // len(API_ENDPOINTS))
     @given(raw=bodies)
     def case(raw: bytes) -> None:
         try:
@@ -218,7 +219,7 @@ def test_api_parser_fuzz(capsys, endpoint):
 
     case()
     report(capsys, f"API {endpoint} bodies", outcomes)
-    assert sum(outcomes.values()) >= CASES // 3 and outcomes["accepted"] and outcomes["refused"]
+    assert sum(outcomes.values()) >= CASES // len(API_ENDPOINTS) and outcomes["accepted"] and outcomes["refused"]
 
 
 async def get(path: str, secret: str) -> int:
