@@ -19,7 +19,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(tmp_path_factory, django_db_modify_db_settings_parallel_suffix) -> None:
-    """SQLite's test database in a file, as the product runs it (WAL, a writer waiting its turn), not Django's
+    """SQLite's test database in a file, as the product runs it (a writer waits its turn for the lock), not Django's
     shared-cache in-memory one: there a write that meets another thread's open read fails at once with "database
     table is locked" instead of waiting (the ASGI fuzz test, whose API requests and socket turns write from
     several threads, failed so in one run of two). pytest-django's own hook for changing the test database."""

@@ -43,7 +43,6 @@ def workload(clients: int) -> list[list[dict[str, str]]]:
 class Run:
     tokens: int
     seconds: float
-    started: float = 0.0  # perf_counter (system-wide monotonic) when the first request left its client
     phases: dict[str, float] = field(default_factory=dict)  # see `phases`
 
     @property
@@ -68,8 +67,7 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
     for thread in threads:
         thread.join()
     end = time.perf_counter()
-    return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, start,
-               phases(start, end, finals))
+    return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, phases(start, end, finals))
 
 
 def phases(start: float, end: float, finals: list[Any]) -> dict[str, float]:
@@ -215,7 +213,7 @@ def run_web(clients: Clients, params: dict, finals: dict[str, Any]) -> tuple[Run
         raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         start, end, results = pool.submit(_clients, clients, params).result()
-    return Run(sum(r.completion_tokens for r in results), end - start, start,
+    return Run(sum(r.completion_tokens for r in results), end - start,
                phases(start, end, [finals[r.request_id] for r in results])), results
 
 

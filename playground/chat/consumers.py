@@ -139,7 +139,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             async with generation:
                 await generation.start(job)
-                saved_under = None if saving is None else await saving
+                saved_under = await self._after_started(saving)
                 async for update in generation.updates():
                     for chunk in update.chunks:
                         await self.send_json({"type": "token", "request_id": request_id, **chunk})
@@ -159,11 +159,10 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             self.running.pop(request_id, None)
 
     @staticmethod
-    async def _after_started(saving: asyncio.Future | None) -> None:
-        """Wait until `started` has gone out (a request's frames follow it); raises CancelledError if it never
-        will, so the request ends without a frame."""
-        if saving is not None:
-            await saving
+    async def _after_started(saving: asyncio.Future[tuple[UUID, int]] | None) -> tuple[UUID, int] | None:
+        """Wait until `started` has gone out (a request's frames follow it) and return where the reply is saved
+        (None for a compare side); raises CancelledError if it never will, so the request ends without a frame."""
+        return None if saving is None else await saving
 
     async def finish(self, request_id: str, event: dict[str, Any], saving: tuple[UUID, int] | None) -> None:
         done = {key: event[key] for key in ("outputs", "usage", "timing")}
