@@ -7,6 +7,7 @@ the client's error (InvalidInput; an ApiError with a 4xx status); anything else 
 may take more than a second (no hang). Then the same inputs, fewer, through the real ASGI application
 (consumer and views) with a scripted worker: no 500 status, no "internal server error" frame."""
 import asyncio
+import contextlib
 import json
 import time
 
@@ -148,11 +149,17 @@ def storable(value, nul: bool = False) -> None:
 
 
 def timed(call, *args):
+    """`call(*args)`, failing if it takes a second twice: a pathological input is slow every time, a pause of
+    the machine (as once in a full run of the suite, whose retry took milliseconds) is not."""
     started = time.monotonic()
     try:
         return call(*args)
     finally:
-        assert time.monotonic() - started < 1.0, "a parse took over a second"
+        if time.monotonic() - started >= 1.0:
+            again = time.monotonic()
+            with contextlib.suppress(Exception):
+                call(*args)
+            assert time.monotonic() - again < 1.0, "a parse took over a second, twice"
 
 
 def report(capsys, what: str, outcomes: dict[str, int]) -> None:

@@ -10,7 +10,12 @@ from django.conf import settings
 from fake_engine import FakeStreamingEngine
 from fake_worker import connect, generate, until_end, worker
 
+from playground.celery import app as celery_app
 from playground.serving.shared import registry
+from playground.serving.shared.envelope import Job
+from playground.serving.shared.naming import GPU_QUEUE, TASK_NAME
+from playground.serving.worker import runtime as runtime_module
+from playground.serving.worker import tasks
 from playground.serving.worker.bridge import LoopBridge
 from playground.serving.worker.engine_service import EngineService
 from playground.serving.worker.runtime import WorkerRuntime
@@ -92,3 +97,33 @@ def test_a_heartbeat_read_before_the_drain_never_overwrites_its_draining_entry(m
         assert registry.get(rt.name)["state"] == "draining"
     finally:
         registry.forget(rt.name)
+
+
+@pytest.mark.parametrize("other_state", ["ready", "draining", None])
+def test_a_draining_worker_passes_a_fetched_task_to_another_ready_worker(monkeypatch, other_state):
+    """Celery's fetch, already waiting on the queues when SIGTERM came, can hand a draining worker a task sent
+    after its registry entry said draining (it failed tests/playground/test_drain.py): the task goes back to the
+    shared queue when another worker is ready, and is served here when none is (a lone worker must not bounce
+    it to itself). Before the drain every task is served here."""
+    service = EngineService({}, engine_factory=lambda **kwargs: FakeStreamingEngine(0.01))
+    rt = WorkerRuntime("leaving@test", service, LoopBridge(None))  # not started: only the routing matters
+    monkeypatch.setattr(runtime_module, "_runtime", rt)
+    sent, served = [], []
+    monkeypatch.setattr(celery_app, "send_task", lambda name, **kwargs: sent.append((name, kwargs)))
+    monkeypatch.setattr(rt, "serve", lambda request_id, job: served.append((request_id, job)))
+    job = Job({"max_tokens": 4}, messages=[{"role": "user", "content": "hi"}]).to_task()
+    if other_state is not None:
+        registry.beat({"name": "other@test", "state": other_state})
+    try:
+        tasks.generate("before", job)
+        rt.drain.started.set()  # what Drain.begin does first
+        tasks.generate("after", job)
+    finally:
+        registry.forget("other@test")
+    assert served[0] == ("before", Job.from_task(job))
+    if other_state == "ready":
+        assert served == served[:1]
+        assert sent == [(TASK_NAME, {"kwargs": {"request_id": "after", "job": job}, "queue": GPU_QUEUE,
+                                     "task_id": "after"})]
+    else:
+        assert [request_id for request_id, _ in served] == ["before", "after"] and sent == []

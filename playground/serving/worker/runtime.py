@@ -198,6 +198,15 @@ class WorkerRuntime:
         if live:
             self.service.abort(request_id)
 
+    def passes_on_new_work(self) -> bool:
+        """Whether a task reaching this worker now belongs to another: it is draining and another worker is
+        ready. Celery's fetch already waiting on the queues when SIGTERM came can still hand a draining worker
+        a task sent after its registry entry said draining. With no other worker ready it serves the task in
+        its drain time instead (a lone worker would otherwise bounce it to itself)."""
+        if not self.drain.started.is_set():
+            return False
+        return any(w.get("name") != self.name and w.get("state") == "ready" for w in registry.live_workers())
+
     def serve(self, request_id: str, job: Job) -> None:
         """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
         a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
