@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 
 REPO = Path(__file__).resolve().parents[2]
 TOP_LEVEL_KEYS = {"name", "services", "volumes", "networks", "configs", "secrets", "include"}
@@ -173,7 +174,22 @@ def test_worker_health_says_ready_only_for_its_own_ready_entry(monkeypatch):
 
 # --- the smoke test: the stack on a real Docker daemon ------------------------------------------------------
 LONG_ASK = "Count from 1 to 500, one number per line."
-LONG_TOKENS = 512  # about 15-35 s on a CPU: longer than Docker's default stop, within the drain
+LONG_STREAM_S = 18  # longer than Docker's default 10 s stop, well within the worker's 30 s drain
+
+
+def tokens_streamed_in(seconds: float, base: str, key: str) -> int:
+    """How many tokens the served model streams in about `seconds` on this machine (CPUs here differ fourfold:
+    512 tokens took 9 s on one and 35 s on another), timed on a 64-token reply held to its length by
+    `ignore_eos`; at most a reply's limit (1,024 tokens by default: over 10 s below ~100 tokens a second)."""
+    import requests
+
+    began = time.monotonic()
+    reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=300,
+                          json={"model": "smollm2-135m-instruct", "max_tokens": 64, "temperature": 0,
+                                "ignore_eos": True, "messages": [{"role": "user", "content": LONG_ASK}]})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 64, reply.text
+    wanted = round(64 / (time.monotonic() - began) * seconds)
+    return max(128, min(settings.PLAYGROUND_LIMITS["max_tokens"], wanted))  # the stack runs the default limits
 
 
 @pytest.fixture(scope="module")
@@ -251,10 +267,11 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
                              kwargs={"capture_output": True, "timeout": 300}, daemon=True).start()
 
         # A stream longer than Docker's default 10 s stop timeout: the API's `ignore_eos` holds the model to
-        # exactly LONG_TOKENS tokens, and the restart begins at its first token.
+        # exactly `long_tokens` tokens, and the restart begins at its first token.
+        long_tokens = tokens_streamed_in(LONG_STREAM_S, base, key)
         started = time.monotonic()
         with requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, stream=True,
-                           timeout=600, json={"model": "smollm2-135m-instruct", "max_tokens": LONG_TOKENS,
+                           timeout=600, json={"model": "smollm2-135m-instruct", "max_tokens": long_tokens,
                                               "temperature": 0, "ignore_eos": True, "stream": True,
                                               "stream_options": {"include_usage": True},
                                               "messages": [{"role": "user", "content": LONG_ASK}]}) as stream:
@@ -269,7 +286,7 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
         assert all("choices" in e for e in events), [e for e in events if "choices" not in e]
         finishes = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
         assert finishes == ["length"], finishes  # its own end, not the shutdown's abort or an error
-        assert events[-1]["usage"]["completion_tokens"] == LONG_TOKENS
+        assert events[-1]["usage"]["completion_tokens"] == long_tokens
         streamed_after_sigterm = ended - restarted["at"]
         assert ended - started > 10 and streamed_after_sigterm > 5, (ended - started, streamed_after_sigterm)
         logged = subprocess.run([docker_cli, "logs", worker], capture_output=True, text=True)
