@@ -4,11 +4,10 @@ Never imports the engine: the web process only talks to Celery and the channel l
 """
 from channels.layers import get_channel_layer
 
-from playground.celery import app as celery_app
-
 from ..shared import registry
 from ..shared.envelope import Job
-from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, TASK_NAME, worker_queue
+from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, worker_queue
+from ..shared.queueing import send_generation
 
 
 def choose_queue(preferred_worker: str) -> str:
@@ -25,8 +24,7 @@ def choose_queue(preferred_worker: str) -> str:
 def submit(request_id: str, job: Job) -> str:
     """Queue the generation task (blocking: call through sync_to_async); returns the queue it went to."""
     queue = choose_queue(job.preferred_worker)
-    celery_app.send_task(TASK_NAME, kwargs={"request_id": request_id, "job": job.to_task()}, queue=queue,
-                         task_id=request_id)  # Celery's log lines name it too
+    send_generation(request_id, job.to_task(), queue)
     return queue
 
 
