@@ -135,10 +135,11 @@ class Timeline:
         engine_service.EngineService.result = engine_times
         flush = coalesce.TokenPublisher._flush
 
-        async def published(request, group_send, now):
-            if request.pending:
-                self.mark(request.request_id, "published")
-            return await flush(request, group_send, now)
+        async def published(channel, requests, send, now):
+            for request in requests:
+                if request.pending:
+                    self.mark(request.request_id, "published")
+            return await flush(channel, requests, send, now)
 
         coalesce.TokenPublisher._flush = staticmethod(published)
         put = lifecycle.Collector.put

@@ -178,17 +178,19 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, warmups: int = 0,
-                num_prompts: int | None = None) -> dict[str, Any]:
-    """One `vllm bench serve` run against the server on args.port; its saved result (a dict)."""
+def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, num_prompts: int | None = None,
+                seed: int = 0) -> dict[str, Any]:
+    """One `vllm bench serve` run against the server on args.port; its saved result (a dict). The random dataset
+    is drawn from `seed`: the warm-up takes another seed than the measured runs, or its prompts would be the
+    measured run's first ones and those would be answered from the prefix cache."""
     with tempfile.TemporaryDirectory() as tmp:
         command = vllm_command(
             "bench", "serve", "--backend", backend, "--base-url", f"http://127.0.0.1:{args.port}",
             "--endpoint", ENDPOINTS[backend], "--model", MODEL_NAME, "--tokenizer", str(model),
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--num-prompts", str(num_prompts or args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0", "--seed", "0",
-            "--num-warmups", str(warmups), "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--result-dir", tmp,
             "--result-filename", "result.json")
         env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **VLLM_ENV}
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         this_round: dict[str, Any] = {"order": list(order)}
         for side in order:
             with server(side, args, model, log):
-                bench_serve(args.backend_list[0], args, model, log, num_prompts=args.concurrency)  # warm-up
+                bench_serve(args.backend_list[0], args, model, log, num_prompts=args.concurrency, seed=1)  # warm-up
                 this_round[side] = {backend: measured(backend, args, model, log) for backend in args.backend_list}
             for backend, result in this_round[side].items():
                 print(f"[serve_vs_vllm] round {number + 1} {side} {backend}: {result['output_throughput']:.1f} "

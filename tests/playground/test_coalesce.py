@@ -1,5 +1,6 @@
-"""The worker's token publisher: first text at once, then few messages per request, nothing lost, `seq`
-contiguous, the future resolved only after the last text went out, and one request's failure its own."""
+"""The worker's token publisher: first text at once, then few events per request, nothing lost, `seq`
+contiguous, the future resolved only after the last text went out, one message per web process for the
+requests due together, and a failure confined to its web process's requests."""
 import queue
 import threading
 import time
@@ -8,8 +9,10 @@ from dataclasses import dataclass
 import pytest
 
 from playground.serving.worker.bridge import LoopBridge
+from playground.serving.shared.naming import BATCH
 from playground.serving.worker.coalesce import TokenPublisher
-from playground.serving.shared.naming import request_group
+
+WEB = "specific.web-a!inbox"  # a web process's inbox, where every request here replies unless told otherwise
 
 
 @dataclass
@@ -44,19 +47,22 @@ class TimedSource:
 
 
 class Recorder:
-    """A channel layer's group_send that keeps (time, group, message); fails for the groups in `failing`."""
+    """A channel layer's send that keeps (time, channel, message); fails for the channels in `failing`."""
 
     def __init__(self, failing: tuple[str, ...] = ()) -> None:
         self.sent: list[tuple[float, str, dict]] = []
         self.failing = failing
 
-    async def __call__(self, group: str, message: dict) -> None:
-        if group in self.failing:
+    async def __call__(self, channel: str, message: dict) -> None:
+        if channel in self.failing:
             raise ConnectionError("layer down")
-        self.sent.append((time.monotonic(), group, message))
+        assert message["type"] == BATCH
+        self.sent.append((time.monotonic(), channel, message))
 
     def messages(self, request_id: str) -> list[tuple[float, dict]]:
-        return [(at, message) for at, group, message in self.sent if group == request_group(request_id)]
+        """The request's `gen.tokens` events, each with the time its message was sent."""
+        return [(at, event) for at, _, message in self.sent for event in message["events"]
+                if event["request_id"] == request_id]
 
 
 @pytest.fixture
@@ -71,7 +77,8 @@ def publish(bridge, scripts: dict[str, list], interval: float, send: Recorder | 
     """Publish one scripted stream per request id; returns the recorder and each request's future."""
     send = send or Recorder()
     publisher = TokenPublisher(bridge, interval, send)
-    futures = {request_id: publisher.publish(request_id, TimedSource(script)) for request_id, script in scripts.items()}
+    futures = {request_id: publisher.publish(request_id, TimedSource(script), WEB)
+               for request_id, script in scripts.items()}
     for future in futures.values():
         future.exception(timeout=5)  # wait for the end, whatever it is
     return send, futures
@@ -127,26 +134,64 @@ def test_many_streams_share_the_publisher_each_complete_in_its_own_group(bridge)
         assert len(messages) < 20 and futures[f"r{n}"].result() == len(messages)
 
 
+def test_requests_due_together_share_one_message_per_web_process(bridge):
+    """An engine step fills every stream at once: its text leaves as one message per web process (the
+    request's `reply_to`), not one per request."""
+
+    class Filled:  # every delta already queued, then the end
+        on_put = None
+        num_prompt_tokens = 3
+
+        def __init__(self, text: str) -> None:
+            self.q: queue.Queue = queue.Queue()
+            for character in text:
+                self.q.put(D(0, character))
+            self.q.put(None)
+
+        def get(self, timeout=None):
+            return self.q.get(timeout=timeout) if timeout else self.q.get_nowait()
+
+    send = Recorder()
+    publisher = TokenPublisher(bridge, 0.05, send)
+    channels = {f"r{n}": ("specific.web-a!inbox", "specific.web-b!inbox")[n % 2] for n in range(16)}
+    futures: dict[str, object] = {}
+
+    def publish_all() -> None:  # in one turn of the loop: the publisher's first pass sees all sixteen
+        for request_id, channel in channels.items():
+            futures[request_id] = publisher.publish(request_id, Filled(f"{request_id}!"), channel)
+
+    bridge.loop.call_soon_threadsafe(publish_all)
+    time.sleep(0.2)
+    assert all(future.result(timeout=5) == 1 for future in futures.values())
+    assert sorted(channel for _, channel, _ in send.sent) == ["specific.web-a!inbox", "specific.web-b!inbox"]
+    for _, channel, message in send.sent:
+        assert sorted(e["request_id"] for e in message["events"]) == sorted(r for r, c in channels.items()
+                                                                            if c == channel)
+        assert all(e["type"] == "gen.tokens" and e["prompt_tokens"] == 3 and
+                   e["chunks"] == [{"index": 0, "seq": 0, "text": f"{e['request_id']}!", "tokens": len(e["request_id"]) + 1}]
+                   for e in message["events"])
+
+
 def test_the_future_resolves_only_after_the_last_text_was_sent(bridge):
     send = Recorder()
     publisher = TokenPublisher(bridge, 0.05, send)
-    future = publisher.publish("r", TimedSource([(0.0, D(0, "a")), (0.01, D(0, "b")), (0.02, D(0, "c"))]))
+    future = publisher.publish("r", TimedSource([(0.0, D(0, "a")), (0.01, D(0, "b")), (0.02, D(0, "c"))]), WEB)
     seen_at_end: list[str] = []
     future.add_done_callback(lambda _: seen_at_end.append("".join(c["text"] for c in chunks(send.messages("r")))))
     future.result(timeout=5)
     assert seen_at_end == ["abc"]
 
 
-def test_a_failing_send_or_stream_fails_only_its_request(bridge):
+def test_a_failing_send_fails_its_web_process_and_a_failing_stream_its_request(bridge):
     class Broken:
         def get(self, timeout=None):
             raise RuntimeError("stream broke")
 
-    send = Recorder(failing=(request_group("bad"),))
+    send = Recorder(failing=("specific.web-down!inbox",))
     publisher = TokenPublisher(bridge, 0.02, send)
-    good = publisher.publish("good", TimedSource([(0.01 * i, D(0, "g")) for i in range(20)]))
-    bad = publisher.publish("bad", TimedSource([(0.0, D(0, "b"))]))
-    broken = publisher.publish("broken", Broken())
+    good = publisher.publish("good", TimedSource([(0.01 * i, D(0, "g")) for i in range(20)]), WEB)
+    bad = publisher.publish("bad", TimedSource([(0.0, D(0, "b"))]), "specific.web-down!inbox")
+    broken = publisher.publish("broken", Broken(), WEB)
     with pytest.raises(ConnectionError):
         bad.result(timeout=5)
     with pytest.raises(RuntimeError, match="stream broke"):
@@ -165,7 +210,7 @@ def test_streams_are_polled_once_per_interval_after_their_first_text(bridge):
 
     source = Counting([(0.0, D(0, "a")), (0.5, D(0, "b"))])
     send = Recorder()
-    TokenPublisher(bridge, 0.05, send).publish("r", source).result(timeout=5)
+    TokenPublisher(bridge, 0.05, send).publish("r", source, WEB).result(timeout=5)
     assert [c["text"] for c in chunks(send.messages("r"))] == ["a", "b"]
     assert source.polls < 0.5 / 0.05 + 8  # about one empty poll per interval while waiting for "b"
 
@@ -175,7 +220,7 @@ def test_text_after_a_quiet_spell_leaves_when_queued_not_at_the_next_tick(bridge
     milliseconds, where polling once per interval would have held it until the tick at 0.6 s."""
     source = TimedSource([(0.0, D(0, "a")), (0.5, D(0, "b"))])
     send = Recorder()
-    TokenPublisher(bridge, 0.2, send).publish("r", source).result(timeout=5)
+    TokenPublisher(bridge, 0.2, send).publish("r", source, WEB).result(timeout=5)
     (_, first), (sent_b, second) = send.messages("r")
     assert [c["text"] for c in first["chunks"] + second["chunks"]] == ["a", "b"]
     assert sent_b - source.put_at[1] < 0.05
@@ -190,7 +235,7 @@ def test_a_waiting_task_gives_up_when_the_loop_stops():
 
     def task() -> None:
         try:
-            publisher.stream("r", endless)
+            publisher.stream("r", endless, WEB)
         except RuntimeError as exc:
             outcome.append(exc)
 

@@ -264,15 +264,15 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
     """The task was accepted by a worker that then vanished: the watchdog reports it within seconds."""
 
     async def scenario():
-        async def accept_and_die(request_id):
+        async def accept_and_die(request_id, reply_to):
             from channels.layers import get_channel_layer
 
-            await get_channel_layer().group_send(
-                f"req.{request_id}", {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
+            await get_channel_layer().send(
+                reply_to, {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
         def submit(request_id, job):
-            asyncio.run_coroutine_threadsafe(accept_and_die(request_id), loop)
+            asyncio.run_coroutine_threadsafe(accept_and_die(request_id, job.reply_to), loop)
             return GPU_QUEUE
 
         loop = asyncio.get_running_loop()

@@ -46,6 +46,9 @@ instead of refusing (worker/context_window.py). `preferred_worker` only routes t
     kind: str = "generate"  # or "tokenize" / "detokenize" (KINDS)
     add_special_tokens: bool = False  # tokenize a text prompt with the tokenizer's special tokens (BOS...)
     return_token_strs: bool = False  # tokenize: also each token's string
+    # The channel the worker sends this request's events to: its web process's inbox (web/inbox.py), set
+    # when the request starts listening.
+    reply_to: str = ""
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):

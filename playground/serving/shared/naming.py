@@ -12,6 +12,9 @@ WORKER_CHANNEL_PREFIX = "gpu.control."
 # view's feed held that lock for its 5 s pop while chat tokens waited (the fault suite caught it).
 WEB_CHANNEL_PREFIX = "specific."
 TASK_NAME = "serving.generate"
+# A worker's message carrying several requests' events for one web process: {"type": BATCH, "events": [...]}
+# (worker/coalesce.py sends it, web/inbox.py unpacks it).
+BATCH = "gen.batch"
 # What a lab page may ask of its sandbox (playground.lab relays them; the worker's lab_host runs them).
 LAB_COMMANDS = ("open", "add", "step", "abort", "answer", "recording", "close")
 
@@ -30,8 +33,3 @@ def lab_worker_group(worker_name: str) -> str:
 def lab_group(lab_id: str) -> str:
     """The group a lab page's consumer joins; the hosting worker sends the lab's replies there."""
     return f"lab.{lab_id}"
-
-
-def request_group(request_id: str) -> str:
-    """Channel-layer group a request's consumer joins and its worker sends to."""
-    return f"req.{request_id}"

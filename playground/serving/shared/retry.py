@@ -2,7 +2,8 @@
 
 After a Redis restart every pooled connection of channels-redis is dead but still in its pool, and fails its
 first use ("Connection closed by server"); the next call gets a fresh connection. So each send of the
-workers, and the web side's joining of a request group, is tried once more before the request is failed.
+workers, and each receive of a web process's inbox (web/inbox.py), is tried once more before the request is
+failed.
 A retried `gen.tokens` cannot duplicate text: the web side drops chunks whose `seq` it has already seen
 (lifecycle.Collector).
 """

@@ -4,12 +4,13 @@
 
 `admit()` takes the user's concurrency slot and returns a `Generation`; from then on the slot is given back
 by `Generation.close()`, which runs on every path (use `async with generation:`): finished, cancelled,
-failed, or any exception anywhere after admission (the channel layer's `group_add` failing after a Redis
-restart, a database error, the client going away). `close()` never raises and is idempotent.
+failed, or any exception anywhere after admission (the broker refusing the task after a Redis restart, a
+database error, the client going away). `close()` never raises and is idempotent.
 
-Worker events reach the request on a channel-layer channel of its own (group `req.<id>`), read by one
-receiver task that puts them into the request's `Collector` (vLLM's RequestOutputCollector): text that
-arrives while the reader is busy is merged per sample, and the reader is woken by an event, not by polling.
+Worker events reach the request through its web process's inbox (one channel-layer channel per process,
+inbox.py; its name travels as `Job.reply_to`), whose one receiving task puts them into the request's
+`Collector` (vLLM's RequestOutputCollector): text that arrives while the reader is busy is merged per
+sample, and the reader is woken by an event, not by polling.
 While nothing arrives the reader checks once per CHECK_INTERVAL_S that the request can still finish
 (`liveness`): worker alive and healthy, reply not lost, deadline not passed. So every accepted request
 ends with its reply or a `GenerationFailed`, within `PLAYGROUND_REQUEST_DEADLINE_S` at the latest.
@@ -21,20 +22,18 @@ import contextlib
 import logging
 import time
 import uuid
+from dataclasses import replace
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from playground import logs
 
 from ..shared.envelope import Job
-from ..shared.naming import WEB_CHANNEL_PREFIX, request_group
-from ..shared.retry import once_more
-from . import dispatch, liveness
+from . import dispatch, inbox, liveness
 
 logger = logging.getLogger(__name__)
 
@@ -165,9 +164,7 @@ class Generation:
         self.collector = Collector()
         self.progress = liveness.Progress(deadline=time.monotonic() + settings.PLAYGROUND_REQUEST_DEADLINE_S)
         self._slot = slot
-        self._layer = get_channel_layer()
-        self._channel: str | None = None
-        self._receiver: asyncio.Task | None = None
+        self._inbox: inbox.Inbox | None = None  # set once the request listens
         self._tokens = 0
         self._closing: asyncio.Future | None = None
         # The last resort, for a caller that never reaches close() (a streamed response nobody iterated):
@@ -184,34 +181,23 @@ class Generation:
 
     # --- start and stream ----------------------------------------------------------------------------
     async def start(self, job: Job) -> None:
-        """Listen on the request's group, then queue the task; raises GenerationFailed("unavailable") when
+        """Listen on the process's inbox, then queue the task; raises GenerationFailed("unavailable") when
         the channel layer or the broker cannot be reached."""
         logs.request_id.set(self.request_id)  # the relaying task's log lines from here on (playground/logs.py)
         try:
-            self._channel = await self._layer.new_channel(WEB_CHANNEL_PREFIX)
-            await once_more(lambda: self._layer.group_add(request_group(self.request_id), self._channel))
+            listening = inbox.current()
+            reply_to = await listening.open(self.request_id, self.collector)
+            self._inbox = listening
         except Exception as exc:
             logger.exception("channel layer failed for request %s", self.request_id)
             raise GenerationFailed("the server lost its channel layer (Redis); try again", "unavailable") from exc
-        self._receiver = asyncio.create_task(self._receive())
         try:
-            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(self.request_id, job)
+            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
+                self.request_id, replace(job, reply_to=reply_to))
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)
             raise GenerationFailed("could not queue the request: the task broker is unavailable",
                                    "unavailable") from exc
-
-    async def _receive(self) -> None:
-        """Feed the collector until the request ends; a channel-layer failure fails the request."""
-        try:
-            while not self.collector.ended:
-                self.collector.put(await self._layer.receive(self._channel))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("lost the channel layer while serving request %s", self.request_id)
-            self.collector.fail(GenerationFailed("the server lost its channel layer (Redis) mid-reply",
-                                                 "unavailable"))
 
     async def updates(self) -> AsyncIterator[Update]:
         """The request's updates until the one carrying `done`; raises GenerationFailed instead of the
@@ -268,13 +254,10 @@ class Generation:
             task.add_done_callback(_background.discard)
 
     async def _close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
-        if self._channel is not None:
+        if self._inbox is not None:
+            self._inbox.close(self.request_id)
             if not self.collector.finished:
                 await self._abort()
-            await _quietly(self._layer.group_discard(request_group(self.request_id), self._channel), "leave group",
-                           self.request_id)
 
         def settle() -> None:
             self._slot.release()

@@ -4,10 +4,14 @@ A fast engine emits a delta per sequence per step; sending each one would fill t
 which Channels drops messages silently. And a thread per request blocking on its stream, hopping into the
 event loop per message, costs the engine loop thread the GIL. So one coroutine on the worker's event loop
 serves all requests: it drains every live stream without blocking and sends, per request, its first text at
-once, then at most one `gen.tokens` message per `interval` carrying everything that arrived meanwhile, per
+once, then at most one `gen.tokens` event per `interval` carrying everything that arrived meanwhile, per
 sample index, numbered by `seq`, with how many tokens that text is and the request's prompt length
 (docs/protocol.md; the API's `continuous_usage_stats` counts with them). When a stream ends its last text goes out at once, and
 only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
+
+The events due at one wake-up travel as one `gen.batch` message per web process (the request's `reply_to`,
+that process's inbox: serving/web/inbox.py), not one message per request: an engine step fills every
+stream at once, and through Redis each message costs both processes a round trip and a wake-up.
 
 The streams wake the publisher (push, not polling): each stream's `on_put` schedules one wake-up on the
 event loop, and a wake-up already pending is not scheduled again, so a step that fills a hundred streams
@@ -28,14 +32,14 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 
 from .bridge import LoopBridge
-from ..shared.naming import request_group
+from ..shared.naming import BATCH
 from ..shared.retry import once_more
 
 SEND_TIMEOUT_S = 10.0
 LOOP_CHECK_S = 1.0  # a waiting task thread checks this often that the loop still runs
 
 Chunk = dict[str, Any]  # {"index", "seq", "text", "tokens"}
-GroupSend = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's group_send
+Send = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's send
 
 
 class Delta(Protocol):
@@ -56,6 +60,7 @@ class DeltaSource(Protocol):
 class _Request:
     request_id: str
     source: DeltaSource
+    reply_to: str  # the channel its events go to
     finished: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
     pending: dict[int, list[str]] = field(default_factory=dict)  # unsent text per sample index
     # Tokens not yet counted in a sent chunk, per sample index; a delta without text (an incomplete UTF-8
@@ -79,6 +84,11 @@ class _Request:
             if delta.text:
                 self.pending.setdefault(delta.index, []).append(delta.text)
 
+    def take_event(self) -> dict[str, Any]:
+        """The `gen.tokens` event of the text not sent yet (call only while some is pending)."""
+        return {"type": "gen.tokens", "request_id": self.request_id, "prompt_tokens": self.source.num_prompt_tokens,
+                "chunks": self.take_chunks()}
+
     def take_chunks(self) -> list[Chunk]:
         chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts), "tokens": self.pending_tokens.pop(i, 0)}
                   for k, (i, parts) in enumerate(sorted(self.pending.items()))]
@@ -88,22 +98,22 @@ class _Request:
 
 
 class TokenPublisher:
-    def __init__(self, bridge: LoopBridge, interval: float, group_send: GroupSend | None = None) -> None:
-        """Publish through `bridge`'s loop, at most one message per request per `interval` seconds, with
-        `group_send` (the default channel layer's unless given)."""
+    def __init__(self, bridge: LoopBridge, interval: float, send: Send | None = None) -> None:
+        """Publish through `bridge`'s loop, at most one event per request per `interval` seconds, with `send`
+        (the default channel layer's unless given)."""
         self.bridge = bridge
         self.interval = interval
-        self._group_send = group_send
+        self._send = send
         self._live: list[_Request] = []  # touched on the loop only
         self._wake = asyncio.Event()
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
 
-    def publish(self, request_id: str, source: DeltaSource) -> concurrent.futures.Future[int]:
-        """Stream `source`'s text to the request's group (call from any thread). The future resolves with the
+    def publish(self, request_id: str, source: DeltaSource, reply_to: str) -> concurrent.futures.Future[int]:
+        """Stream `source`'s text to channel `reply_to` (call from any thread). The future resolves with the
         number of chunks sent once the stream has ended and all its text was sent, or with the error of a
-        failed send; the request is then dropped (its owner aborts it), the other requests go on."""
-        request = _Request(request_id, source)
+        failed send; the request is then dropped (its owner aborts it), requests of other channels go on."""
+        request = _Request(request_id, source, reply_to)
         source.on_put = self._notify
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
@@ -120,10 +130,10 @@ class TokenPublisher:
         self._wake_pending = False
         self._wake.set()
 
-    def stream(self, request_id: str, source: DeltaSource) -> int:
+    def stream(self, request_id: str, source: DeltaSource, reply_to: str) -> int:
         """`publish`, then wait for the future in the calling thread (a task thread). Raises RuntimeError if the
         loop stops meanwhile (the worker is shutting down), so the task ends instead of holding the shutdown."""
-        finished = self.publish(request_id, source)
+        finished = self.publish(request_id, source, reply_to)
         while True:
             try:
                 return finished.result(timeout=LOOP_CHECK_S)
@@ -138,13 +148,16 @@ class TokenPublisher:
             self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
-        group_send = self._group_send or get_channel_layer().group_send
+        send = self._send or get_channel_layer().send
         loop = asyncio.get_running_loop()
         while self._live:  # ends when no request is live; the next one starts it again
             self._wake.clear()  # before draining: text queued from here on sets it again
             now = loop.time()
-            due = [request for request in self._live if self._ready(request, now)]
-            await asyncio.gather(*(self._flush(r, group_send, now) for r in due))
+            due: dict[str, list[_Request]] = {}
+            for request in self._live:
+                if self._ready(request, now):
+                    due.setdefault(request.reply_to, []).append(request)
+            await asyncio.gather(*(self._flush(channel, requests, send, now) for channel, requests in due.items()))
             self._live = [r for r in self._live if not r.finished.done()]
             if self._live:
                 delay = min(self._wait(request, loop.time()) for request in self._live)
@@ -171,16 +184,21 @@ class TokenPublisher:
         return request.ended or bool(request.pending) and now - request.last_send >= self.interval
 
     @staticmethod
-    async def _flush(request: _Request, group_send: GroupSend, now: float) -> None:
-        """Send the request's unsent text; resolve its future if its stream has ended."""
+    async def _flush(channel: str, requests: list[_Request], send: Send, now: float) -> None:
+        """Send the unsent text of `requests` (all of `channel`) as one message; resolve the futures of those
+        whose stream has ended. A failed send fails every one of them."""
         try:
-            if request.pending:
-                message = {"type": "gen.tokens", "request_id": request.request_id,
-                           "prompt_tokens": request.source.num_prompt_tokens, "chunks": request.take_chunks()}
+            sending = [request for request in requests if request.pending]
+            if sending:
+                message = {"type": BATCH, "events": [request.take_event() for request in sending]}
                 async with asyncio.timeout(SEND_TIMEOUT_S):
-                    await once_more(lambda: group_send(request_group(request.request_id), message))
-                request.last_send = now
-            if request.ended:
-                request.finished.set_result(request.seq)
+                    await once_more(lambda: send(channel, message))
+                for request in sending:
+                    request.last_send = now
+            for request in requests:
+                if request.ended:
+                    request.finished.set_result(request.seq)
         except Exception as exc:
-            request.finished.set_exception(exc)
+            for request in requests:
+                if not request.finished.done():
+                    request.finished.set_exception(exc)

@@ -3,13 +3,13 @@
 Celery starts it through the `worker_init` signal (CLI workers and the embedded in-process worker alike).
 Nothing here blocks Celery: the model loads in its own thread, and tasks wait for it. Each Celery task
 thread serves one request through `WorkerRuntime.serve`: it submits the request and hands the stream to the
-worker's one token publisher (coalesce.py), which sends the coalesced deltas to the request's channel-layer
-group from the event loop; once the publisher has sent the last text, the thread sends `gen.done` (or
-`gen.error`).
+worker's one token publisher (coalesce.py), which sends the coalesced deltas to the request's web process
+from the event loop; once the publisher has sent the last text, the thread sends `gen.done` (or `gen.error`).
 
-Messages sent to group `req.<request_id>` (read by the web side's request lifecycle, serving/web/lifecycle.py):
-`gen.accepted` {request_id, worker}, `gen.tokens` {request_id, prompt_tokens, chunks: [{index, seq, text, tokens}]},
-`gen.done` {request_id, worker, outputs, usage, timing} (a tokenizer job's with its answer too), `gen.error` {request_id, message, code}, where `code`
+Messages sent to the channel in the request's `Job.reply_to` (its web process's inbox, serving/web/inbox.py,
+which hands them to the request's lifecycle): `gen.accepted` {request_id, worker}, `gen.batch` {events: [
+`gen.tokens` {request_id, prompt_tokens, chunks: [{index, seq, text, tokens}]}, ...]} (the publisher's text for
+every request of that web process at once), `gen.done` {request_id, worker, outputs, usage, timing} (a tokenizer job's with its answer too), `gen.error` {request_id, message, code}, where `code`
 is "invalid_request" (the engine refused the request), "unavailable" (no engine) or "server_error".
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .drain import Drain
 from .engine_service import EngineService, EngineUnavailable
 from .kv_publisher import SnapshotPublisher
 from .lab_host import LabHost
-from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, request_group, worker_queue
+from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, worker_queue
 from ..shared.retry import once_more
 
 logger = logging.getLogger(__name__)
@@ -208,14 +208,15 @@ class WorkerRuntime:
         return any(w.get("name") != self.name and w.get("state") == "ready" for w in registry.live_workers())
 
     def serve(self, request_id: str, job: Job) -> None:
-        """Run one request to its end, its text streamed to its group by the token publisher (blocking: runs in
-        a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
-        group = request_group(request_id)
+        """Run one request to its end, its text streamed to `job.reply_to` by the token publisher (blocking:
+        runs in a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
+        if not job.reply_to:
+            raise ValueError(f"request {request_id} names no channel to reply to (Job.reply_to)")
         layer = get_channel_layer()
 
         def send(message: dict[str, Any]) -> None:
             body = {"request_id": request_id, **message}
-            self.bridge.call(once_more(lambda: layer.group_send(group, body)), SEND_TIMEOUT_S)
+            self.bridge.call(once_more(lambda: layer.send(job.reply_to, body)), SEND_TIMEOUT_S)
 
         bound = logs.request_id.set(request_id)  # this task thread's log lines, the engine call's included
         with self._lock:
@@ -253,7 +254,7 @@ class WorkerRuntime:
             send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
             return
         try:
-            self.tokens.stream(request_id, stream)
+            self.tokens.stream(request_id, stream, job.reply_to)
             done = self.service.result(stream)
         except Exception as exc:
             logger.exception("request %s failed", request_id)
