@@ -57,7 +57,7 @@ Commands are written with today's module names (`python -m bench` was `python -m
 with `--out bench/results/raw/...`, add a record pointing at it, re-render. What was tried and dropped, and why:
 [docs/performance-notes.md](docs/performance-notes.md). Every bench: `python -m bench --help`,
 `python -m bench.gpu_suite --help`, `python -m bench.serving --help`,
-`python -m bench.serve_vs_vllm --help`, `python -m bench.request_timeline --help`; the peers: `bash bench/peers/setup_vllm.sh`,
+`python -m bench.serve_vs_vllm --help`, `python -m bench.serve_cpu --help`, `python -m bench.request_timeline --help`; the peers: `bash bench/peers/setup_vllm.sh`,
 `bash bench/peers/setup_llamacpp.sh`.
 """
 

@@ -1,0 +1,38 @@
+"""bench.serve_cpu: each process of the stack is charged its own CPU seconds, and the serve bench's warm-up
+draws other prompts than the measured run."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import serve_cpu, serve_vs_vllm
+
+
+def test_a_process_is_charged_by_its_command_line():
+    busy = "import time; end = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    web = subprocess.Popen([sys.executable, "-c", busy, "manage.py", "web", "--port", "1"])
+    try:
+        deadline = time.monotonic() + 10
+        while (spent := serve_cpu.cpu_seconds().get("web", 0.0)) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 0.3 <= spent < 2.0
+        assert "worker" not in serve_cpu.cpu_seconds()  # nothing else matched it
+    finally:
+        web.kill()
+        web.wait()
+
+
+def test_the_warm_up_draws_other_prompts_than_the_measured_run(monkeypatch, tmp_path):
+    """With the same seed the warm-up's prompts were the measured run's first ones, answered from the cache."""
+    seeds = []
+
+    def run(command, **kwargs):
+        seeds.append(command[command.index("--seed") + 1])
+        out = Path(command[command.index("--result-dir") + 1]) / command[command.index("--result-filename") + 1]
+        out.write_text('{"output_throughput": 1.0}')
+
+    monkeypatch.setattr(serve_vs_vllm.subprocess, "run", run)
+    args = serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json")])
+    serve_vs_vllm.bench_serve("openai-chat", args, tmp_path, tmp_path / "log", num_prompts=32, seed=1)
+    serve_vs_vllm.bench_serve("openai-chat", args, tmp_path, tmp_path / "log")
+    assert seeds == ["1", "0"]
