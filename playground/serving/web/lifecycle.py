@@ -22,9 +22,8 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from asgiref.sync import sync_to_async
