@@ -74,12 +74,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         address = (self.scope.get("client") or ("",))[0]
         # Over the user's limits: LimitExceeded, an InvalidInput, becomes an error frame.
         generation = await lifecycle.admit(lambda: limits.admit_user(user, session_key, address))
-        try:
-            # Someone else's conversation: ConversationNotFound, an error frame, before the engine sees anything.
-            worker = await database_sync_to_async(store.last_worker)(user, session_key, request.conversation_id)
-        except BaseException:
-            await generation.close()
-            raise
+        worker = ""  # a new conversation has no worker yet, and does not queue behind other turns' writes to say so
+        if request.conversation_id is not None:
+            try:
+                # Someone else's conversation: ConversationNotFound, an error frame, before the engine sees anything.
+                worker = await database_sync_to_async(store.last_worker)(user, session_key, request.conversation_id)
+            except BaseException:
+                await generation.close()
+                raise
         job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
                   preferred_worker=worker, adapter=adapter, fit_window=True)
         saving = asyncio.get_running_loop().create_future()

@@ -18,12 +18,9 @@ class ConversationNotFound(LookupError):
     """The conversation does not exist or belongs to someone else (the two are not told apart)."""
 
 
-def last_worker(user, session_key: str, conversation_id: UUID | None) -> str:
-    """The worker that answered the caller's conversation last ("" for a new one or one never answered), the
-    worker whose prefix cache likely holds its turns. Raises ConversationNotFound for a conversation the caller
-    does not own."""
-    if conversation_id is None:
-        return ""
+def last_worker(user, session_key: str, conversation_id: UUID) -> str:
+    """The worker that answered the caller's conversation last ("" for one never answered), the worker whose
+    prefix cache likely holds its turns. Raises ConversationNotFound for a conversation the caller does not own."""
     worker = Conversation.objects.owned_by(user, session_key).filter(id=conversation_id).values_list(
         "last_worker", flat=True).first()
     if worker is None:

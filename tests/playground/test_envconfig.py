@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.sqlite3.base import DatabaseWrapper
 
 from playground.envconfig import database_from_url, env_bool, env_int
 
@@ -13,10 +14,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_default_database_is_sqlite(tmp_path):
-    assert database_from_url(None, tmp_path / "x.db") == {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": str(tmp_path / "x.db"),
-    }
+    database = database_from_url(None, tmp_path / "x.db")
+    assert (database["ENGINE"], database["NAME"]) == ("django.db.backends.sqlite3", str(tmp_path / "x.db"))
+
+
+@pytest.mark.parametrize("url", [None, "sqlite:///{path}"])
+def test_sqlite_connections_use_a_write_ahead_log_synced_at_checkpoints(tmp_path, url, django_db_blocker):
+    """Every connection to the SQLite file: WAL journal, synchronous NORMAL (1), not the fsync-per-commit defaults."""
+    path = tmp_path / "x.db"
+    settings = database_from_url(url and url.format(path=path), path)
+    connection = DatabaseWrapper({**settings, "TIME_ZONE": None, "CONN_MAX_AGE": 0, "CONN_HEALTH_CHECKS": False,
+                                  "AUTOCOMMIT": True, "ATOMIC_REQUESTS": False}, alias="envconfig_test")
+    try:
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode")
+            assert cursor.fetchone() == ("wal",)
+            cursor.execute("PRAGMA synchronous")
+            assert cursor.fetchone() == (1,)
+    finally:
+        connection.close()
+    assert path.exists()
 
 
 def test_sqlite_urls():
