@@ -116,7 +116,18 @@ def test_samples_are_kept_apart_by_index(bridge):
     by_index: dict[int, str] = {}
     for chunk in chunks(send.messages("r")):
         by_index[chunk["index"]] = by_index.get(chunk["index"], "") + chunk["text"]
-    assert by_index == {0: "ad", 1: "bc"}
+    assert by_index == {0: "ad", 1: "bc", 2: ""}  # sample 2's first token has no text, and still goes out
+
+
+def test_a_first_token_without_text_goes_out_at_once_later_ones_wait_for_text(bridge):
+    """The stream opens with the first token, text or not (a special token, half a UTF-8 character): a client
+    times its first token by it. Later tokens without text are counted with the next text, not sent alone."""
+    start = time.monotonic()
+    script = [(0.0, D(0, "")), (0.2, D(0, "")), (0.3, D(0, "hi"))]
+    send, futures = publish(bridge, {"r": script}, interval=0.05)
+    messages = send.messages("r")
+    assert [(c["text"], c["tokens"]) for c in chunks(messages)] == [("", 1), ("hi", 2)]
+    assert messages[0][0] - start < 0.15 and messages[1][0] - start >= 0.3
 
 
 def test_empty_stream_sends_nothing(bridge):

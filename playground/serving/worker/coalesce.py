@@ -3,8 +3,8 @@
 A fast engine emits a delta per sequence per step; sending each one would fill the channel's capacity, past
 which Channels drops messages silently. And a thread per request blocking on its stream, hopping into the
 event loop per message, costs the engine loop thread the GIL. So one coroutine on the worker's event loop
-serves all requests: it drains every live stream without blocking and sends, per request, its first text at
-once, then at most one `gen.tokens` event per `interval` carrying everything that arrived meanwhile, per
+serves all requests: it drains every live stream without blocking and sends, per request, its first token at
+once (with its text, or an empty text when it has none yet), then at most one `gen.tokens` event per `interval` carrying everything that arrived meanwhile, per
 sample index, numbered by `seq`, with how many tokens that text is and the request's prompt length
 (docs/protocol.md; the API's `continuous_usage_stats` counts with them). When a stream ends its last text goes out at once, and
 only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
@@ -64,8 +64,9 @@ class _Request:
     finished: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
     pending: dict[int, list[str]] = field(default_factory=dict)  # unsent text per sample index
     # Tokens not yet counted in a sent chunk, per sample index; a delta without text (an incomplete UTF-8
-    # character) is counted with the index's next text.
+    # character, a special token) is counted with the index's next text, except a sample's first (below).
     pending_tokens: dict[int, int] = field(default_factory=dict)
+    opened: set[int] = field(default_factory=set)  # sample indices that have sent a chunk
     seq: int = 0  # the next chunk's number
     last_send: float = float("-inf")
     ended: bool = False
@@ -81,7 +82,9 @@ class _Request:
                 self.ended = True
                 continue
             self.pending_tokens[delta.index] = self.pending_tokens.get(delta.index, 0) + len(delta.token_ids)
-            if delta.text:
+            # A sample's first token goes out even without text: the client's time to first token is the
+            # engine's (vLLM's server opens the stream then too), not that of the first token with text.
+            if delta.text or delta.index not in self.opened:
                 self.pending.setdefault(delta.index, []).append(delta.text)
 
     def take_event(self) -> dict[str, Any]:
@@ -93,6 +96,7 @@ class _Request:
         chunks = [{"index": i, "seq": self.seq + k, "text": "".join(parts), "tokens": self.pending_tokens.pop(i, 0)}
                   for k, (i, parts) in enumerate(sorted(self.pending.items()))]
         self.seq += len(chunks)
+        self.opened.update(self.pending)
         self.pending.clear()
         return chunks
 
