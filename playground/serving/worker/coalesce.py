@@ -4,10 +4,11 @@ A fast engine emits a delta per sequence per step; sending each one would fill t
 which Channels drops messages silently. And a thread per request blocking on its stream, hopping into the
 event loop per message, costs the engine loop thread the GIL. So one coroutine on the worker's event loop
 serves all requests: it drains every live stream without blocking and sends, per request, its first token at
-once (with its text, or an empty text when it has none yet), then at most one `gen.tokens` event per `interval` carrying everything that arrived meanwhile, per
-sample index, numbered by `seq`, with how many tokens that text is and the request's prompt length
-(docs/protocol.md; the API's `continuous_usage_stats` counts with them). When a stream ends its last text goes out at once, and
-only then does the request's future resolve: the task thread waiting on it sends `gen.done` after that.
+once (with its text, or an empty text when it has none yet), then at most one `gen.tokens` event per `interval`
+carrying everything that arrived meanwhile, per sample index, numbered by `seq`, with how many tokens that text
+is and the request's prompt length (docs/protocol.md; the API's `continuous_usage_stats` counts with them). When
+a stream ends its last text goes out at once, and only then does the request's future resolve: the task thread
+waiting on it sends `gen.done` after that.
 
 The events due at one wake-up travel as one `gen.batch` message per web process (the request's `reply_to`,
 that process's inbox: serving/web/inbox.py), not one message per request: an engine step fills every
