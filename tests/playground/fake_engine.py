@@ -3,7 +3,8 @@ model. It answers a chat with "echo<i>: <last user message>" ("<adapter name><i>
 character per token, `delay` seconds apart
 (with prompt_logprobs, the last message's characters after the first get logprob -position, rank 1)
 (a message starting "REJECT" is refused, as is a logit_bias id past its vocabulary of VOCAB; one
-starting "SLOW" takes `slow_admission_s` to submit),
+starting "SLOW" takes `slow_admission_s` to submit; one starting "SILENT" is answered after SILENT_TOKENS
+tokens without text, as special tokens skipped in the text are),
 and returns the engine's real output types, so `EngineService.summarize` runs on the real shapes.
 `fail_loop(message)` plays the engine loop raising: every in-flight stream ends with an error and
 `health()` reports the loop dead, as StreamingEngine does.
@@ -21,6 +22,7 @@ from inference.sequence import RequestMetrics
 
 MESSAGE_OVERHEAD = 4  # tokens the fake chat template adds around each message
 VOCAB = 1000  # token ids of the fake tokenizer: a character's code point modulo this
+SILENT_TOKENS = 10  # text-less tokens before the reply to a message starting "SILENT"
 
 
 class FakeTokenizer:
@@ -110,15 +112,17 @@ class FakeStreamingEngine:
         prompt_logprobs = None
         if sampling_params.prompt_logprobs is not None:
             prompt_logprobs = [None] + [{self.encode(c)[0]: Logprob(-float(p), 1, c)} for p, c in enumerate(last) if p]
-        threading.Thread(target=self._run, args=(stream, stop, replies, full, n_prompt, prompt_logprobs),
+        silent = SILENT_TOKENS if last.startswith("SILENT") else 0
+        threading.Thread(target=self._run, args=(stream, stop, replies, full, n_prompt, prompt_logprobs, silent),
                          daemon=True).start()
         return stream
 
     def _run(self, stream: FakeStream, stop: threading.Event, replies: list[str], full: list[int], n_prompt: int,
-             prompt_logprobs: list | None = None):
+             prompt_logprobs: list | None = None, silent: int = 0):
         metrics = RequestMetrics(arrival_time=time.perf_counter())
         emitted = [0] * len(replies)
         reason = None
+        steps = 0
         while reason is None:
             if stop.wait(self.delay):
                 reason = "abort"
@@ -126,8 +130,11 @@ class FakeStreamingEngine:
             self.last_step_at = time.time()
             if metrics.first_token_time is None:
                 metrics.first_token_time = time.perf_counter()
+            steps += 1
             for i, reply in enumerate(replies):
-                if emitted[i] < len(reply):
+                if steps <= silent:
+                    stream.put(StreamDelta(stream.request_id, i, "", [0]))
+                elif emitted[i] < len(reply):
                     stream.put(StreamDelta(stream.request_id, i, reply[emitted[i]], [emitted[i]]))
                     emitted[i] += 1
             if all(e == len(r) for e, r in zip(emitted, replies)):
@@ -142,7 +149,8 @@ class FakeStreamingEngine:
         outputs = []
         for i, reply in enumerate(replies):
             finish = "abort" if reason == "abort" else ("length" if len(reply) < full[i] else "stop")
-            outputs.append(CompletionOutput(i, reply[: emitted[i]], list(range(emitted[i])), finish))
+            outputs.append(CompletionOutput(i, reply[: emitted[i]], [0] * min(steps, silent) + list(range(emitted[i])),
+                                            finish))
         stream.final = RequestOutput(stream.request_id, None, list(range(n_prompt)), outputs, True, metrics, 0,
                                      prompt_logprobs)
         self.live.pop(stream.request_id, None)

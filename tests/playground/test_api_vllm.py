@@ -5,11 +5,13 @@ envelope, the Responses API plain and streamed, /health, /version and /v1/models
 model (min_tokens, ignore_eos...) is in test_api_vllm_engine.py."""
 import asyncio
 import json
+import time
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.test import AsyncClient
+from fake_engine import SILENT_TOKENS
 from fake_worker import worker
 
 from playground.accounts.models import ApiKey
@@ -252,3 +254,27 @@ def test_the_models_suggested_sampling_fills_the_fields_a_request_leaves_unset(m
     assert (unset.temperature, unset.top_k, unset.repetition_penalty) == (0.3, 20, 1.1)
     assert unset.max_tokens == caps["max_tokens"]  # a suggestion above the cap is lowered to it
     assert (explicit.temperature, explicit.max_tokens, explicit.top_k) == (1.0, 5, 20)
+
+
+def test_a_stream_opens_at_the_first_token_even_when_it_has_no_text(monkeypatch, headers):
+    """As vLLM's server: the role chunk leaves with the first token, not with the first text. Here the first
+    SILENT_TOKENS tokens have no text (special tokens); the role chunk and an empty delta arrive about that many
+    steps before the reply's first character, and the usage counts those tokens."""
+    delay = 0.03
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "SILENT hi"}], "max_tokens": 64,
+                       "stream": True, "stream_options": {"include_usage": True}})
+
+    async def scenario():
+        async with worker(monkeypatch, delay=delay):
+            response = await AsyncClient().post("/v1/chat/completions", body, content_type="application/json",
+                                                headers=headers)
+            return [(time.monotonic(), event) async for chunk in response.streaming_content
+                    for event in events(chunk)]
+
+    stamped = asyncio.run(scenario())
+    deltas = [(at, e["choices"][0]["delta"]) for at, e in stamped if e["choices"]]
+    assert deltas[0][1] == {"role": "assistant", "content": ""} and deltas[1][1] == {"content": ""}
+    first_text_at = next(at for at, delta in deltas if delta.get("content"))
+    assert first_text_at - deltas[0][0] >= (SILENT_TOKENS - 3) * delay
+    assert "".join(delta.get("content", "") for _, delta in deltas) == "echo0: SILENT hi"
+    assert stamped[-1][1]["usage"]["completion_tokens"] == SILENT_TOKENS + len("echo0: SILENT hi")
