@@ -67,15 +67,20 @@ def env_lora_modules(name: str, base_model: str) -> dict[str, str]:
 SQLITE_OPTIONS = {"init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
 
 
+def _sqlite(name: str) -> dict:
+    """A DATABASES entry for the SQLite file `name`, with its own copy of SQLITE_OPTIONS."""
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": dict(SQLITE_OPTIONS)}
+
+
 def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:
     """Turn DATABASE_URL (``sqlite:///path`` or ``postgres://user:pass@host:port/name``) into a DATABASES entry."""
     if not url:
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(default_sqlite_path), "OPTIONS": SQLITE_OPTIONS}
+        return _sqlite(str(default_sqlite_path))
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         # sqlite:///relative.db -> "relative.db"; sqlite:////abs/path.db -> "/abs/path.db" (as dj-database-url)
         name = unquote(parts.path)[1:] or str(default_sqlite_path)
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": SQLITE_OPTIONS}
+        return _sqlite(name)
     if parts.scheme in {"postgres", "postgresql", "pgsql"}:
         name = unquote(parts.path.lstrip("/"))
         if not name:

@@ -6,8 +6,9 @@ Why one channel for all requests, not one per request: a worker's token publishe
 message per request. Through Redis every message costs the worker a group lookup and a send, and the web
 process a pop, and each wakes both processes and Redis, taking a core from the engine's threads for a moment.
 With 32 streams that was 32 messages a step; on the distributed stack one message per web process raised the
-output 1.08-1.27x and cut the web process's CPU to a quarter (BENCHMARKS.md, "Serving path"). A request's events all come through this one channel, so they
-arrive in the order the worker sent them: `gen.accepted`, its text, then `gen.done` or `gen.error`.
+output 1.08-1.27x and cut the web process's CPU to a quarter (BENCHMARKS.md, "Serving path"). A request's
+events all come through this one channel, so they arrive in the order the worker sent them: `gen.accepted`, its
+text, then `gen.done` or `gen.error`.
 
 The channel's name travels in the request's `Job.reply_to`. The receiving task runs while a request is
 registered; an event for a request no longer registered (it ended on this side first) is dropped. If the
