@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -44,6 +45,7 @@ class Run:
     tokens: int
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)  # see `phases`
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds between the run's start and end, by process
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,13 +63,21 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
         finals.append(stream.final)
 
     threads = [threading.Thread(target=drain, args=(chat,)) for chat in chats]
-    start = time.perf_counter()
+    cpu_start, start = time.process_time(), time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    end = time.perf_counter()
-    return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, phases(start, end, finals))
+    end, cpu_end = time.perf_counter(), time.process_time()
+    return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, phases(start, end, finals),
+               {"server": cpu_end - cpu_start})
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far, from /proc (Linux, as the clock)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
 def phases(start: float, end: float, finals: list[Any]) -> dict[str, float]:
@@ -188,19 +198,24 @@ class Clients:
     api_chats: list[list[dict]] = field(default_factory=list)
 
 
-def _clients(clients: Clients, params: dict) -> tuple[float, float, list[Delivery]]:
-    """Every client at once (in the clients' process); returns when they started and when the last one was done.
+def _clients(clients: Clients, params: dict) -> tuple[float, float, dict[str, float], list[Delivery]]:
+    """Every client at once (in the clients' process); returns when they started, when the last one was done,
+    the CPU seconds the server (this process's parent) and the clients used in between, and what each received.
     The websocket chats' pages are loaded and their sockets open before the clock starts, as a browser's are
     before its user sends; an API client connects per request, as API clients do."""
+    server, me = os.getppid(), os.getpid()
 
     async def everyone():
         sockets = await asyncio.gather(*(_open_chat(clients.ws_url, clients.origin) for _ in clients.ws_chats))
+        cpu_start = {"server": _process_cpu_s(server), "clients": _process_cpu_s(me)}
         start = time.perf_counter()
         results = await asyncio.gather(
             *(_ws_client(ws, chat, params) for ws, chat in zip(sockets, clients.ws_chats)),
             *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
         )
-        return start, time.perf_counter(), results
+        end = time.perf_counter()
+        cpu = {"server": _process_cpu_s(server), "clients": _process_cpu_s(me)}
+        return start, end, {k: v - cpu_start[k] for k, v in cpu.items()}, results
 
     return asyncio.run(everyone())
 
@@ -212,9 +227,9 @@ def run_web(clients: Clients, params: dict, finals: dict[str, Any]) -> tuple[Run
     if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
         raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        start, end, results = pool.submit(_clients, clients, params).result()
+        start, end, cpu, results = pool.submit(_clients, clients, params).result()
     return Run(sum(r.completion_tokens for r in results), end - start,
-               phases(start, end, [finals[r.request_id] for r in results])), results
+               phases(start, end, [finals[r.request_id] for r in results]), cpu), results
 
 
 def delivery_delays(results: list[Delivery], finals: dict[str, Any], tokenizer) -> list[float]:
@@ -263,6 +278,7 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
         "",
         *(f"{name} phases: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items())
+          + "; CPU: " + ", ".join(f"{k} {v:.2f} s" for k, v in run.cpu.items())
           for name, run in (("bare", bare), ("web", web)) if run.phases),
     ])
 
@@ -274,8 +290,10 @@ def round_record(order: tuple[str, ...], bare: Run, web: Run, delays: dict[str, 
 
     return {"order": list(order),
             "bare": {"tokens": bare.tokens, "seconds": round(bare.seconds, 3), "tokens_per_s": bare.tokens_per_s,
-                     **{k: round(v, 3) for k, v in bare.phases.items()}},
+                     **{k: round(v, 3) for k, v in bare.phases.items()},
+                     **{f"{k}_cpu_s": round(v, 2) for k, v in bare.cpu.items()}},
             "web": {"tokens": web.tokens, "seconds": round(web.seconds, 3), "tokens_per_s": web.tokens_per_s,
                     **{k: round(v, 3) for k, v in web.phases.items()},
+                    **{f"{k}_cpu_s": round(v, 2) for k, v in web.cpu.items()},
                     **{f"{kind}_delay_p{q}_ms": ms(delays.get(kind, []), q) for kind in ("ws", "api") for q in (50, 99)}},
             "ratio": web.tokens_per_s / bare.tokens_per_s}
