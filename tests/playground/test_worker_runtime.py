@@ -127,3 +127,40 @@ def test_a_draining_worker_passes_a_fetched_task_to_another_ready_worker(monkeyp
                                      "task_id": "after"})]
     else:
         assert [request_id for request_id, _ in served] == ["before", "after"] and sent == []
+
+
+def test_requests_ending_together_share_one_registry_rewrite_read_after_they_ended(monkeypatch):
+    """Before its `done` a request makes the worker's registry entry one read after it left the engine (sticky
+    routing of the follow-up reads it). Requests ending while a rewrite is under way wait for one rewrite that
+    begins after them, and share it; a rewrite that began before them does not count."""
+    service = EngineService({}, engine_factory=lambda **kwargs: FakeStreamingEngine(0.01))
+    rt = WorkerRuntime("share@test", service, LoopBridge(None))  # not started: only its registry writes matter
+    reading, release = threading.Event(), threading.Event()
+    reads: list[float] = []
+    heartbeat = rt.heartbeat
+
+    def recorded_heartbeat():
+        reads.append(time.monotonic())
+        if len(reads) == 1:
+            reading.set()
+            release.wait(5)  # the others end while this rewrite is under way
+        return heartbeat()
+
+    monkeypatch.setattr(rt, "heartbeat", recorded_heartbeat)
+    first = threading.Thread(target=rt.beat_since_now)
+    first.start()
+    assert reading.wait(5)
+    ended_at = time.monotonic()
+    together = [threading.Thread(target=rt.beat_since_now) for _ in range(8)]
+    for thread in together:
+        thread.start()
+    time.sleep(0.2)
+    release.set()
+    for thread in (first, *together):
+        thread.join(5)
+    try:
+        assert len(reads) == 2 and reads[1] > ended_at, reads
+        rt.beat_since_now()  # a request ending later gets a rewrite of its own
+        assert len(reads) == 3
+    finally:
+        registry.forget(rt.name)

@@ -67,6 +67,7 @@ class WorkerRuntime:
         # Serialises registry writes: a heartbeat read before the drain began must not land after the drain's
         # "draining" entry and put "ready" back (dispatch would then route sticky follow-ups to a leaving worker).
         self._beat_lock = threading.Lock()
+        self._beat_started = 0.0  # time.monotonic() when the last rewrite began reading the worker's state
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
         self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
         self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
@@ -131,8 +132,22 @@ class WorkerRuntime:
     def beat(self) -> dict[str, Any]:
         """Rewrite this worker's registry entry now, and return it."""
         with self._beat_lock:
-            beat = self.heartbeat()
-            registry.beat(beat)
+            return self._rewrite_entry()
+
+    def beat_since_now(self) -> None:
+        """Make the registry entry one read after this call began: rewrite it, unless a rewrite that began
+        later has already been written. Requests that end in one engine step share a rewrite instead of
+        queueing 64 of them on the lock before their `done` frames."""
+        asked = time.monotonic()
+        with self._beat_lock:
+            if self._beat_started <= asked:
+                self._rewrite_entry()
+
+    def _rewrite_entry(self) -> dict[str, Any]:
+        """Read the worker's state and write it to the registry (the caller holds `_beat_lock`)."""
+        self._beat_started = time.monotonic()
+        beat = self.heartbeat()
+        registry.beat(beat)
         return beat
 
     def _heartbeat_loop(self) -> None:
@@ -269,7 +284,7 @@ class WorkerRuntime:
         try:
             # Before `done`: a follow-up turn the client sends on it is routed by this entry (dispatch.py), which
             # must not still show the queue of up to a second ago, when this request was waiting.
-            self.beat()
+            self.beat_since_now()
         except Exception:
             logger.exception("heartbeat failed")
         self._finish(request_id, done, send)
