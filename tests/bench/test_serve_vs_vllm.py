@@ -1,5 +1,6 @@
 """bench.serve_vs_vllm: both servers get the same KV bytes and scheduler limits, the rounds alternate who goes
 first, and vLLM's CLI is run through its own venv with the version lookup it needs."""
+import contextlib
 import json
 
 import pytest
@@ -93,3 +94,26 @@ def test_the_servers_own_means_come_from_two_scrapes_of_its_histograms(monkeypat
     # (6.5 - 1.5) s over 4 requests; the queue histogram appeared only in the second scrape (before: none).
     assert serve_vs_vllm.server_means_ms(before, after) == {"server_mean_ttft_ms": 1250.0,
                                                              "server_mean_queue_ms": 250.0}
+
+
+@pytest.mark.parametrize("per_request", [False, True])
+def test_per_request_first_token_times_are_kept_only_when_asked(tmp_path, monkeypatch, per_request):
+    """--per-request passes --save-detailed and keeps each request's TTFT and output length; the long lists
+    (every inter-token latency, the texts) are dropped either way, as are all lists without the flag."""
+    commands = []
+
+    def fake_run(command, cwd, **kwargs):
+        commands.append(command)
+        detailed = {"ttfts": [0.5, 2.25], "output_lens": [128, 128], "itls": [[0.1] * 127] * 2,
+                    "generated_texts": ["a", "b"]} if "--save-detailed" in command else {}
+        (tmp_path / "result.json").write_text(json.dumps({"output_throughput": 12.5, **detailed}))
+
+    monkeypatch.setattr(serve_vs_vllm.subprocess, "run", fake_run)
+    monkeypatch.setattr(serve_vs_vllm.tempfile, "TemporaryDirectory", lambda: contextlib.nullcontext(str(tmp_path)))
+    args = serve_vs_vllm.parse_args(["--out", str(tmp_path / "r.json"), *(["--per-request"] if per_request else [])])
+    result = serve_vs_vllm.bench_serve("openai-chat", args, tmp_path, tmp_path / "log")
+    assert ("--save-detailed" in commands[0]) is per_request
+    if per_request:
+        assert result == {"output_throughput": 12.5, "ttfts": [0.5, 2.25], "output_lens": [128, 128]}
+    else:
+        assert result == {"output_throughput": 12.5}
