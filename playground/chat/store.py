@@ -41,18 +41,21 @@ def open_conversation(
     keeps what it replaces. The conversation's `leaf` becomes the last of `messages`.
     """
     with transaction.atomic():
+        children: dict[int | None, list[Message]] = {}
         if conversation_id is None:
+            # Nothing stored to match: no reading back (a burst of new chats runs this on the one database thread
+            # while their requests are on their way to the engine).
             conversation = Conversation.objects.create(**owner_fields(user, session_key))
+            shown: set[int] = set()
         else:
             conversation = (
                 Conversation.objects.owned_by(user, session_key).select_for_update().filter(id=conversation_id).first()
             )
             if conversation is None:
                 raise ConversationNotFound(f"conversation {conversation_id} not found")
-        children: dict[int | None, list[Message]] = {}
-        for stored in conversation.messages.order_by("id"):
-            children.setdefault(stored.parent_id, []).append(stored)
-        shown = {m.id for m in active_path(conversation)}
+            for stored in conversation.messages.order_by("id"):
+                children.setdefault(stored.parent_id, []).append(stored)
+            shown = {m.id for m in active_path(conversation)}
         parent = None
         for i, message in enumerate(messages):
             same = [c for c in children.get(parent.id if parent else None, [])

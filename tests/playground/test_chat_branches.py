@@ -1,6 +1,8 @@
 """Conversations as trees (playground/chat/store.py): an edit or a regeneration adds a branch beside what it
 replaces, the page steps between branches and deletes messages through the message endpoint."""
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from playground.chat import store
 from playground.chat.models import Conversation, Message
@@ -95,3 +97,14 @@ def test_a_message_of_another_conversation_is_not_found(chat, client):
     foreign = Message.objects.get(conversation=other)
     assert client.delete(f"/api/conversations/{conversation.id}/messages/{foreign.id}/").status_code == 404
     assert Conversation.objects.get(id=other.id).messages.count() == 1
+
+
+def test_a_new_conversation_is_written_without_reading_anything_back():
+    """Nothing is stored yet to match against: the transcript is inserted and the leaf set, no SELECT (a burst
+    of new chats runs this on the one database thread while their requests travel to the engine)."""
+    with CaptureQueriesContext(connection) as queries:
+        conversation = store.open_conversation(None, "s1", None, [SYSTEM, user("q1")])
+    assert not [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+    conversation.refresh_from_db()
+    assert conversation.title == "q1" and conversation.session_key == "s1"
+    assert shown(conversation) == [("system", "be brief", 1), ("user", "q1", 1)]
