@@ -230,6 +230,9 @@ PLAYGROUND_LAB = {
 }
 PLAYGROUND_LAB_REPLY_TIMEOUT_S = 30.0  # a lab page gets an error when its worker has not answered by then
 PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
+# The chat page's text events (websocket frames) a worker sends per second in all while many stream; 0: one per
+# COALESCE_MS each (serving/worker/coalesce.py).
+PLAYGROUND_WS_FRAMES_PER_S = env_int("PLAYGROUND_WS_FRAMES_PER_S", 250, minimum=0)
 PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
 # ...and is considered gone when it has not for this long (raise it on a CPU host so loaded that a worker's
 # heartbeat thread can starve behind its engine for seconds).

@@ -83,7 +83,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 await generation.close()
                 raise
         job = Job(request.params, request.messages, cache_salt=salt.cache_salt(limits.identity(user, session_key)),
-                  preferred_worker=worker, adapter=adapter, fit_window=True)
+                  preferred_worker=worker, adapter=adapter, fit_window=True, paced=True)
         saving = asyncio.get_running_loop().create_future()
         self.start_relay(generation, job, saving)
         try:
@@ -113,7 +113,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             except limits.LimitExceeded as exc:
                 raise InvalidInput(f"compare streams two replies at once and needs two request slots: {exc}") from exc
             cache_salt = salt.cache_salt(limits.identity(user, session_key))
-            jobs = [Job(side.params, side.messages, cache_salt=cache_salt, adapter=adapter, fit_window=True)
+            jobs = [Job(side.params, side.messages, cache_salt=cache_salt, adapter=adapter, fit_window=True, paced=True)
                     for side, adapter in zip(request.sides, adapters)]
             await self.send_json({"type": "compare_started", "request_ids": [g.request_id for g in generations]})
         except BaseException:

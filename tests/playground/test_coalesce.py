@@ -256,3 +256,29 @@ def test_a_waiting_task_gives_up_when_the_loop_stops():
     bridge.stop()
     thread.join(timeout=5)
     assert not thread.is_alive() and "loop stopped" in str(outcome[0])
+
+
+def test_paced_requests_share_the_event_budget_while_many_stream_and_their_ends_are_not_held(bridge):
+    """16 live requests and 40 paced events a second: a paced request's events come 16 / 40 = 0.4 s apart
+    (its text merged meanwhile), after its first token at once; an unpaced one (the API's) keeps the 20 ms
+    interval; each stream's last text leaves as soon as it ends."""
+    send = Recorder()
+    publisher = TokenPublisher(bridge, 0.02, send, paced_events_per_s=40)
+    start = time.monotonic()
+    sources = {f"{kind}{n}": TimedSource([(0.01 * i, D(0, f"{i};")) for i in range(120)])
+               for kind in ("paced", "api") for n in range(8)}
+    futures = {request_id: publisher.publish(request_id, source, WEB, paced=request_id.startswith("paced"))
+               for request_id, source in sources.items()}
+    for future in futures.values():
+        future.result(timeout=10)
+    for request_id, source in sources.items():
+        messages = send.messages(request_id)
+        assert "".join(c["text"] for c in chunks(messages)) == "".join(f"{i};" for i in range(120))
+        times = [at for at, _ in messages]
+        assert times[0] - start < 0.1  # the first token at once
+        assert times[-1] - source.put_at[-1] < 0.1  # the end is not held
+        gaps = [b - a for a, b in zip(times, times[1:-1])]  # between events before the last
+        if request_id.startswith("paced"):
+            assert len(messages) <= 6 and min(gaps) >= 0.35, gaps
+        else:
+            assert len(messages) >= 30 and max(gaps) < 0.1, gaps

@@ -53,6 +53,36 @@ def test_stream_concatenates_to_the_saved_final_text(monkeypatch):
     assert conversation.session_key and conversation.user is None
 
 
+def test_while_chats_stream_together_their_frames_share_the_worker_s_frame_budget(monkeypatch, settings):
+    """Two chats at once and 10 chat frames a second for the worker: each chat's token frames come ~0.2 s apart
+    (its text merged meanwhile) after its first token at once, instead of one per 30 ms coalescing window; the
+    text is whole and the `done` not held."""
+    settings.PLAYGROUND_WS_FRAMES_PER_S = 10
+
+    async def chat(ws):
+        await ws.send_json_to(generate([{"role": "user", "content": "x" * 60}], max_tokens=100))
+        assert (await ws.receive_json_from(timeout=5))["type"] == "started"
+        frames = []
+        while not frames or frames[-1][1]["type"] != "done":
+            frames.append((time.monotonic(), await ws.receive_json_from(timeout=5)))
+        await ws.disconnect()
+        return frames
+
+    async def scenario():
+        async with worker(monkeypatch, delay=0.01) as (_, submitted):
+            sockets = [await connect(), await connect()]
+            return await asyncio.gather(*(chat(ws) for ws in sockets)), submitted
+
+    chats, submitted = run(scenario())
+    assert [s["job"].paced for s in submitted] == [True, True]
+    for frames in chats:
+        tokens, (done_at, done) = [(at, f) for at, f in frames if f["type"] == "token"], frames[-1]
+        assert "".join(f["text"] for _, f in tokens) == done["outputs"][0]["text"] == "echo0: " + "x" * 60
+        gaps = [b - a for (a, _), (b, _) in zip(tokens, tokens[1:])]
+        assert 2 <= len(tokens) <= 6 and min(gaps[1:]) > 0.15, gaps  # ~0.7 s of tokens: unpaced, ~20 frames
+        assert done_at - tokens[-1][0] < 0.25
+
+
 def test_follow_up_turn_is_routed_to_the_last_worker_and_keeps_the_transcript(monkeypatch):
     async def scenario():
         async with worker(monkeypatch) as (engine, submitted):

@@ -43,6 +43,7 @@ instead of refusing (worker/context_window.py). `preferred_worker` only routes t
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     truncate_prompt_tokens: int | None = None
     fit_window: bool = False  # drop the oldest turns that do not fit the window (the chat page), not refuse
+    paced: bool = False  # the chat page: its text may wait longer between events while many stream (coalesce.py)
     kind: str = "generate"  # or "tokenize" / "detokenize" (KINDS)
     add_special_tokens: bool = False  # tokenize a text prompt with the tokenizer's special tokens (BOS...)
     return_token_strs: bool = False  # tokenize: also each token's string

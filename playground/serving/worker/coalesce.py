@@ -14,6 +14,14 @@ The events due at one wake-up travel as one `gen.batch` message per web process 
 that process's inbox: serving/web/inbox.py), not one message per request: an engine step fills every
 stream at once, and through Redis each message costs both processes a round trip and a wake-up.
 
+A paced request (the chat page's, `Job.paced`) waits longer between events while many stream: the worker's
+paced events share `PLAYGROUND_WS_FRAMES_PER_S`, so its interval is the number of live requests over that budget
+when that is longer (64 streams at 250 a second: 256 ms). Each event is a websocket frame on the web side, ~0.15
+ms of Channels, daphne and the socket on the event loop; on the embedded stack that time comes out of the
+engine's cores, and 64 chats at one frame per ~140 ms step each gave up 5-15% of the engine's rate (`python -m
+bench.serving`) while each got a token per step anyway. Up to 7 streams (250 x 30 ms) nothing changes; the first
+token and the last text are never held; API streams (vLLM's clients time every token) are not paced.
+
 The streams wake the publisher (push, not polling): each stream's `on_put` schedules one wake-up on the
 event loop, and a wake-up already pending is not scheduled again, so a step that fills a hundred streams
 costs the engine loop thread one hop. Woken, the publisher drains every live stream; a request that sent
@@ -68,6 +76,7 @@ class _Request:
     # character, a special token) is counted with the index's next text, except a sample's first (below).
     pending_tokens: dict[int, int] = field(default_factory=dict)
     opened: set[int] = field(default_factory=set)  # sample indices that have sent a chunk
+    paced: bool = False  # its interval grows with the live requests (the module's docstring)
     seq: int = 0  # the next chunk's number
     last_send: float = float("-inf")
     ended: bool = False
@@ -103,22 +112,26 @@ class _Request:
 
 
 class TokenPublisher:
-    def __init__(self, bridge: LoopBridge, interval: float, send: Send | None = None) -> None:
+    def __init__(self, bridge: LoopBridge, interval: float, send: Send | None = None,
+                 paced_events_per_s: float = 0.0) -> None:
         """Publish through `bridge`'s loop, at most one event per request per `interval` seconds, with `send`
-        (the default channel layer's unless given)."""
+        (the default channel layer's unless given); paced requests share `paced_events_per_s` (0: unpaced)."""
         self.bridge = bridge
         self.interval = interval
+        self.paced_events_per_s = paced_events_per_s
         self._send = send
         self._live: list[_Request] = []  # touched on the loop only
         self._wake = asyncio.Event()
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
 
-    def publish(self, request_id: str, source: DeltaSource, reply_to: str) -> concurrent.futures.Future[int]:
-        """Stream `source`'s text to channel `reply_to` (call from any thread). The future resolves with the
-        number of chunks sent once the stream has ended and all its text was sent, or with the error of a
-        failed send; the request is then dropped (its owner aborts it), requests of other channels go on."""
-        request = _Request(request_id, source, reply_to)
+    def publish(self, request_id: str, source: DeltaSource, reply_to: str,
+                paced: bool = False) -> concurrent.futures.Future[int]:
+        """Stream `source`'s text to channel `reply_to` (call from any thread), `paced` or not. The future
+        resolves with the number of chunks sent once the stream has ended and all its text was sent, or with the
+        error of a failed send; the request is then dropped (its owner aborts it), requests of other channels
+        go on."""
+        request = _Request(request_id, source, reply_to, paced=paced)
         source.on_put = self._notify
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
@@ -135,10 +148,10 @@ class TokenPublisher:
         self._wake_pending = False
         self._wake.set()
 
-    def stream(self, request_id: str, source: DeltaSource, reply_to: str) -> int:
+    def stream(self, request_id: str, source: DeltaSource, reply_to: str, paced: bool = False) -> int:
         """`publish`, then wait for the future in the calling thread (a task thread). Raises RuntimeError if the
         loop stops meanwhile (the worker is shutting down), so the task ends instead of holding the shutdown."""
-        finished = self.publish(request_id, source, reply_to)
+        finished = self.publish(request_id, source, reply_to, paced)
         while True:
             try:
                 return finished.result(timeout=LOOP_CHECK_S)
@@ -174,8 +187,15 @@ class TokenPublisher:
         """How long the request lets the publisher sleep without a wake-up: until it may send its held text,
         else one interval (a wake-up comes with new text; the interval only bounds a source that never
         wakes anyone)."""
-        if request.pending and (next_send := request.last_send + self.interval - now) > 0:
+        if request.pending and (next_send := request.last_send + self._interval(request) - now) > 0:
             return next_send
+        return self.interval
+
+    def _interval(self, request: _Request) -> float:
+        """The least time between two of the request's events: `interval`, or for a paced request while many
+        are live, their share of `paced_events_per_s`."""
+        if request.paced and self.paced_events_per_s > 0:
+            return max(self.interval, len(self._live) / self.paced_events_per_s)
         return self.interval
 
     def _ready(self, request: _Request, now: float) -> bool:
@@ -186,7 +206,7 @@ class TokenPublisher:
         except Exception as exc:
             request.finished.set_exception(exc)
             return False
-        return request.ended or bool(request.pending) and now - request.last_send >= self.interval
+        return request.ended or bool(request.pending) and now - request.last_send >= self._interval(request)
 
     @staticmethod
     async def _flush(channel: str, requests: list[_Request], send: Send, now: float) -> None:

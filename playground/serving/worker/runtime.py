@@ -69,7 +69,8 @@ class WorkerRuntime:
         self._beat_lock = threading.Lock()
         self._beat_started = 0.0  # time.monotonic() when the last rewrite began reading the worker's state
         self.publisher = SnapshotPublisher(name, service, bridge, settings.PLAYGROUND_KV_SNAPSHOT_MS / 1000)
-        self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000)
+        self.tokens = TokenPublisher(bridge, settings.PLAYGROUND_COALESCE_MS / 1000,
+                                     paced_events_per_s=settings.PLAYGROUND_WS_FRAMES_PER_S)
         self.labs = LabHost(name, service, bridge, **settings.PLAYGROUND_LAB)
         self.drain = Drain(settings.PLAYGROUND_DRAIN_S, self._serving_now, self.abort, self.beat)
 
@@ -269,7 +270,7 @@ class WorkerRuntime:
             send({"type": "gen.error", "message": str(exc), "code": "unavailable"})
             return
         try:
-            self.tokens.stream(request_id, stream, job.reply_to)
+            self.tokens.stream(request_id, stream, job.reply_to, job.paced)
             done = self.service.result(stream)
         except Exception as exc:
             logger.exception("request %s failed", request_id)
