@@ -124,7 +124,7 @@ def server_commands(side: str, args: argparse.Namespace, model: Path) -> list[tu
     env |= {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-serve-vs-vllm", "PLAYGROUND_API_KEYLESS": "1"}
     return [([sys.executable, "manage.py", "migrate", "--noinput"], env),
             ([sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu", "-n", "bench@%h",
-              "--pool", "threads", "-c", "64", "--without-gossip", "--without-mingle", "-l", "WARNING"], env),
+              "-c", "64", "--without-gossip", "--without-mingle", "-l", "WARNING"], env),
             ([sys.executable, "manage.py", "web", "--port", str(args.port)], env)]
 
 

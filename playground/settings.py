@@ -135,7 +135,7 @@ CELERY_TASK_DEFAULT_QUEUE = "gpu"
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # One process hosts one engine; its many in-flight requests are threads that wait on the shared batch.
-CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_POOL = "playground.serving.worker.pool:TaskPool"  # threads, all started at once
 CELERY_WORKER_CONCURRENCY = env_int("PLAYGROUND_WORKER_CONCURRENCY", 64, minimum=1)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_SEND_TASK_EVENTS = False

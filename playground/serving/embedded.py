@@ -1,4 +1,4 @@
-"""The embedded mode: daphne and a real Celery worker (threads pool, in-process) in one process.
+"""The embedded mode: daphne and a real Celery worker (its threads pool, in-process) in one process.
 
 Requests still go Celery task -> engine -> channel layer -> websocket, exactly as with separate workers;
 only the transports are in-memory. The worker sends through the web server's event loop, the one loop the
@@ -25,7 +25,7 @@ class EmbeddedWorker:
         runtime.use_event_loop(loop)
         self._controller = celery_app.WorkController(
             hostname=self.name,
-            pool="threads",
+            pool=settings.CELERY_WORKER_POOL,
             concurrency=settings.CELERY_WORKER_CONCURRENCY,
             queues=[GPU_QUEUE, worker_queue(self.name)],
             without_heartbeat=True,

@@ -142,7 +142,7 @@ class LiveStack:
     def start_worker(self, name: str, program: list[str] | None = None) -> None:
         """A Celery GPU worker; `program` replaces the `celery` executable (a fault-injecting wrapper)."""
         self.workers[name] = self._spawn(
-            [*(program or [str(BIN / "celery")]), "-A", "playground", "worker", "-Q", "gpu", "-n", name, "--pool", "threads",
+            [*(program or [str(BIN / "celery")]), "-A", "playground", "worker", "-Q", "gpu", "-n", name,
              "-c", "32", "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "INFO"],
             f"worker-{name}.log",
         )

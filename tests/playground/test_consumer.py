@@ -450,5 +450,5 @@ def test_a_prefork_worker_refuses_to_start():
 
     from playground.serving.worker import runtime as worker_module
 
-    with pytest.raises(SystemExit, match="--pool threads"):
+    with pytest.raises(SystemExit, match="leave out --pool"):
         worker_module._start_runtime(SimpleNamespace(pool_cls="prefork", hostname="w@h"))

@@ -12,7 +12,7 @@
 | `kv-record` | `SnapshotPublisher.control`, one per Record / Stop press | starting or stopping the engine's event recording (waits for the engine loop to run the call) |
 | `lab` | `LabHost.start` | the lab sessions' inbox: hands each command to the engine loop (which owns the sandboxes) and sends the reply |
 | `celery-worker` | `playground.serving.embedded` (the embedded mode only) | Celery's consumer, which starts the pool threads below |
-| Celery pool threads | Celery (`--pool threads`) | one request each, in `WorkerRuntime.serve`: submit, wait for the publisher, send `gen.done` / `gen.error` |
+| Celery pool threads | `pool.TaskPool`, all at the pool's start | one request each, in `WorkerRuntime.serve`: submit, wait for the publisher, send `gen.done` / `gen.error` |
 
 The runtime's lock guards its request sets only: it is held for a few set operations, never across a call
 into the engine, and never taken on the event loop. Only the engine loop touches the engine's state; every other thread goes through `StreamingEngine`'s

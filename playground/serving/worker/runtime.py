@@ -345,7 +345,8 @@ def _start_runtime(sender, **kwargs) -> None:
     global _runtime
     if "prefork" in str(getattr(sender, "pool_cls", "")).lower():
         # SystemExit, because Celery logs and swallows ordinary exceptions raised by signal handlers.
-        raise SystemExit("GPU workers share one engine per process: run them with --pool threads (the default)")
+        raise SystemExit("GPU workers share one engine per process: run them on threads (leave out --pool: the "
+                         "playground's pool is the default)")
     service = EngineService(settings.PLAYGROUND_ENGINE, lora_modules=settings.PLAYGROUND_LORA_MODULES)
     _runtime = WorkerRuntime(sender.hostname, service, LoopBridge(_shared_loop))
     _runtime.start()
