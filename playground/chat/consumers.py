@@ -1,7 +1,7 @@
 """ChatConsumer: the /ws/chat/ socket (protocol in docs/protocol.md).
 
-Thin on purpose: it parses frames (`protocol`), persists turns (`store`; replies through `replies`) and relays each generation's
-updates; the request's lifecycle — limits, queueing, listening, liveness, release — is
+Thin on purpose: it parses frames (`protocol`), persists turns (`store`; replies through `replies`) and relays
+each generation's updates; the request's lifecycle — limits, queueing, listening, liveness, release — is
 `serving.web.lifecycle`'s, the same as the API's and the demo's. A compare frame runs two such generations at
 once (settings A and B on one prompt), admitted both or neither and saved nowhere. The socket has no channel-layer channel of
 its own (each request listens on its own), so a channel layer that fails (Redis restarting) fails the

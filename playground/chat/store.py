@@ -177,11 +177,11 @@ def save_replies(replies: list[Reply]) -> list[Message | None]:
             conversation.last_worker = reply.worker
         Message.objects.bulk_create(pending)
         now = timezone.now()
-        touched = [conversations[r.conversation_id] for r, m in zip(replies, messages) if m is not None]
+        touched = {conversations[r.conversation_id] for r, m in zip(replies, messages) if m is not None}
         for conversation in touched:
             conversation.leaf = leaves[conversation.id]
             conversation.updated_at = now  # bulk_update leaves auto_now fields alone
-        Conversation.objects.bulk_update(set(touched), ["leaf", "last_worker", "updated_at"])
+        Conversation.objects.bulk_update(touched, ["leaf", "last_worker", "updated_at"])
     return messages
 
 
