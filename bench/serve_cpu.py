@@ -35,18 +35,28 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Nam
 def cpu_seconds() -> dict[str, float]:
     """User + system CPU seconds so far of each PROCESSES process running now (all its threads), found by the
     words of its command line."""
-    ticks = os.sysconf("SC_CLK_TCK")
     seconds: dict[str, float] = {}
     for proc in Path("/proc").iterdir():
         try:
-            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            command, spent = read_process(proc)
         except (OSError, IndexError):  # not a process, or it ended meanwhile
             continue
-        name = next((n for n, words in PROCESSES.items() if all(w in command for w in words)), None)
+        name = process_name(command)
         if name is not None:
-            seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+            seconds[name] = seconds.get(name, 0.0) + spent
     return seconds
+
+
+def read_process(proc: Path) -> tuple[str, float]:
+    """A /proc/<pid> folder's command line and its user + system CPU seconds so far, all its threads together."""
+    command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    return command, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_name(command: str) -> str | None:
+    """The PROCESSES name a command line is charged to; None for any other process."""
+    return next((name for name, words in PROCESSES.items() if all(w in command for w in words)), None)
 
 
 def one_side(repo: Path, serve: argparse.Namespace, log: Path) -> dict[str, Any]:

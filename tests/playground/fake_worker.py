@@ -34,6 +34,9 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lor
     runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
     runtime.start()
     await asyncio.to_thread(service.wait_ready, 10)
+    # The registry entry says "ready" before the test talks to the web side: the heartbeat thread's first beat
+    # may have read the engine still loading, and its next comes a second later.
+    await asyncio.to_thread(runtime.beat)
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []
 

@@ -21,6 +21,7 @@ import redis
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_CLAIM_KEY = "paged-playground-tests:claimed"  # marks a database a live stack of the suite uses
 BIN = Path(sys.executable).parent
 
 # Small engine settings: CPU tests, short prompts.
@@ -54,9 +55,12 @@ def wait_for_http(url: str, timeout: float) -> None:
 
 
 def empty_redis_db() -> int:
-    """An unused Redis database number, so tests never meet other users' queues."""
+    """An unused Redis database number, so tests never meet other users' queues. It is claimed with a key that
+    only one caller can set, so two test processes starting a stack at once never share one (LiveStack.stop
+    empties it again, the claim included)."""
     for db in range(15, 0, -1):
-        if redis.Redis(REDIS_HOST, REDIS_PORT, db=db).dbsize() == 0:
+        client = redis.Redis(REDIS_HOST, REDIS_PORT, db=db)
+        if client.dbsize() == 0 and client.set(REDIS_CLAIM_KEY, os.getpid(), nx=True):
             return db
     raise RuntimeError("no empty Redis database to run the end-to-end tests in")
 
