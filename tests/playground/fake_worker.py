@@ -34,8 +34,8 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lor
     runtime = WorkerRuntime(name, service, LoopBridge(asyncio.get_running_loop()))
     runtime.start()
     await asyncio.to_thread(service.wait_ready, 10)
-    # The registry entry says "ready" before the test talks to the web side: the heartbeat thread's first beat
-    # may have read the engine still loading, and its next comes a second later.
+    # The registry entry says "ready" before the test talks to the web side: wait_ready returns once the engine
+    # has loaded, a moment before the runtime's own beat says so.
     await asyncio.to_thread(runtime.beat)
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []

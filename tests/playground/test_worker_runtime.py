@@ -63,6 +63,38 @@ def test_abort_during_a_slow_submit_does_not_delay_other_streams(monkeypatch):
 
 
 
+def test_a_worker_says_it_is_ready_as_soon_as_its_engine_has_loaded(settings):
+    """Not a heartbeat interval later: dispatch routes, and /health answers, by the registry entry, whose last
+    heartbeat read the engine still loading."""
+    settings.PLAYGROUND_HEARTBEAT_INTERVAL = 60
+    release = threading.Event()
+
+    def slow_factory(**kwargs):
+        release.wait(5)
+        return FakeStreamingEngine(0.01)
+
+    async def scenario():
+        rt = WorkerRuntime("loading@test", EngineService({}, engine_factory=slow_factory),
+                           LoopBridge(asyncio.get_running_loop()))
+        rt.start()
+        try:
+            deadline = time.monotonic() + 5
+            while (registry.get(rt.name) or {}).get("state") != "loading" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert registry.get(rt.name)["state"] == "loading"  # the heartbeat's one beat for a minute
+            release.set()
+            await asyncio.to_thread(rt.service.wait_ready, 5)
+            while registry.get(rt.name)["state"] != "ready" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert registry.get(rt.name)["state"] == "ready"
+        finally:
+            release.set()
+            await asyncio.to_thread(rt.stop)
+
+    asyncio.run(scenario())
+    assert registry.get("loading@test") is None  # stop took it out
+
+
 def test_a_heartbeat_read_before_the_drain_never_overwrites_its_draining_entry(monkeypatch):
     """The heartbeat thread reads the worker's state, SIGTERM starts the drain, which writes "draining"; the
     heartbeat's older reading must not be written after it, or dispatch sends sticky follow-ups to a leaving

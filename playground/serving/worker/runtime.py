@@ -84,10 +84,16 @@ class WorkerRuntime:
         self.labs.start()
 
     def _load(self) -> None:
-        """Load the engine, then freeze the heap: the model's, Django's and the modules' objects live as long
-        as the process, and scanning them in every full garbage collection paused all threads, the engine's
-        and the event loop's, for 50-250 ms a few times a minute under load (measured with `python -m bench.serving`)."""
+        """Load the engine and say so in the registry at once: the heartbeat thread's entry may still read
+        "loading" for up to an interval, and dispatch routes (and /health answers) by the entry. Then freeze the
+        heap: the model's, Django's and the modules' objects live as long as the process, and scanning them in
+        every full garbage collection paused all threads, the engine's and the event loop's, for 50-250 ms a few
+        times a minute under load (measured with `python -m bench.serving`)."""
         self.service.load()
+        try:
+            self.beat()
+        except Exception:
+            logger.exception("heartbeat failed")
         gc.collect()
         gc.freeze()
 
