@@ -62,6 +62,7 @@ class WorkerRuntime:
         self._serving: set[str] = set()  # from before `gen.accepted` until after `gen.done` / `gen.error`
         self._early_aborts: dict[str, float] = {}
         self._stopping = threading.Event()
+        self._beat_now = threading.Event()  # wakes the heartbeat thread before its interval is up
         self._abort_listener: Future | None = None
         self._aborter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-abort")
         # Serialises registry writes: a heartbeat read before the drain began must not land after the drain's
@@ -84,21 +85,19 @@ class WorkerRuntime:
         self.labs.start()
 
     def _load(self) -> None:
-        """Load the engine and say so in the registry at once: the heartbeat thread's entry may still read
-        "loading" for up to an interval, and dispatch routes (and /health answers) by the entry. Then freeze the
-        heap: the model's, Django's and the modules' objects live as long as the process, and scanning them in
-        every full garbage collection paused all threads, the engine's and the event loop's, for 50-250 ms a few
-        times a minute under load (measured with `python -m bench.serving`)."""
+        """Load the engine and have the heartbeat say so at once: its entry may still read "loading" for up to
+        an interval, and dispatch routes (and /health answers) by the entry; a failed load stops consuming at once.
+        Then freeze the heap: the model's, Django's and the modules' objects live as long as the process, and
+        scanning them in every full garbage collection paused all threads, the engine's and the event loop's, for
+        50-250 ms a few times a minute under load (measured with `python -m bench.serving`)."""
         self.service.load()
-        try:
-            self.beat()
-        except Exception:
-            logger.exception("heartbeat failed")
+        self._beat_now.set()
         gc.collect()
         gc.freeze()
 
     def stop(self) -> None:
         self._stopping.set()
+        self._beat_now.set()
         self.publisher.stop()
         self.labs.stop()
         if self._abort_listener is not None:
@@ -168,7 +167,8 @@ class WorkerRuntime:
                     self._stop_consuming(beat["health"]["error"])
             except Exception:
                 logger.exception("heartbeat failed")
-            self._stopping.wait(interval)
+            self._beat_now.wait(interval)
+            self._beat_now.clear()
 
     def _stop_consuming(self, why: str | None) -> None:
         """The engine cannot serve: take no more tasks, so they go to healthy workers. (Tasks already
