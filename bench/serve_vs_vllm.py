@@ -122,10 +122,16 @@ def server_commands(side: str, args: argparse.Namespace, model: Path) -> list[tu
         return [([sys.executable, "manage.py", "playground", "--port", str(args.port)], env)]
     # Keyless API as in the embedded default (a Redis stack asks for keys unless told otherwise).
     env |= {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-serve-vs-vllm", "PLAYGROUND_API_KEYLESS": "1"}
-    return [([sys.executable, "manage.py", "migrate", "--noinput"], env),
-            ([sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu", "-n", "bench@%h",
-              "-c", "64", "--without-gossip", "--without-mingle", "-l", "WARNING"], env),
-            ([sys.executable, "manage.py", "web", "--port", str(args.port)], env)]
+    return [(command, env) for command in distributed_commands(args.port, concurrency=64)]
+
+
+def distributed_commands(port: int, concurrency: int) -> list[list[str]]:
+    """docker-compose.yml's processes on this machine, in start order: the migrations, a Celery worker on the gpu
+    queue (the settings' threads pool, `concurrency` task threads) and the web server on `port`."""
+    return [[sys.executable, "manage.py", "migrate", "--noinput"],
+            [sys.executable, "-m", "celery", "-A", "playground", "worker", "-Q", "gpu", "-n", "bench@%h",
+             "-c", str(concurrency), "--without-gossip", "--without-mingle", "-l", "WARNING"],
+            [sys.executable, "manage.py", "web", "--port", str(port)]]
 
 
 def _ready(port: int) -> bool:
@@ -145,26 +151,37 @@ def server(side: str, args: argparse.Namespace, model: Path, log: Path) -> Itera
         subprocess.run(["redis-cli", "-u", args.redis_url, "flushdb"], check=True, capture_output=True)
         migrate, *commands = commands
         subprocess.run(migrate[0], cwd=REPO, env={**os.environ, **migrate[1]}, check=True, capture_output=True)
+    envs = [{**os.environ, **extra_env} for _, extra_env in commands]
+    if side == "vllm":
+        for env in envs:
+            env.pop("PYTHONPATH", None)
+    with running(side, [(command, env) for (command, _), env in zip(commands, envs)], args.port, log):
+        yield
+
+
+@contextmanager
+def running(name: str, commands: list[tuple[list[str], dict[str, str]]], port: int,
+            log: Path) -> Iterator[list[subprocess.Popen]]:
+    """The (command, whole environment) processes started in the repository, each the leader of a process group
+    of its own, their output appended to `log`; the block runs once /health on `port` answers 200 and gets the
+    processes. After it, each group is stopped, the last started first, and the port is free again."""
     procs: list[subprocess.Popen] = []
     try:
-        for command, extra_env in commands:
-            env = {**os.environ, **extra_env}
-            if side == "vllm":
-                env.pop("PYTHONPATH", None)
+        for command, env in commands:
             with log.open("a") as out:
                 procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                               start_new_session=True))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _ready(args.port):
+        while not _ready(port):
             if any(proc.poll() is not None for proc in procs) or time.monotonic() > deadline:
-                raise RuntimeError(f"{side} server did not become healthy (exits {[p.poll() for p in procs]}); "
+                raise RuntimeError(f"{name} server did not become healthy (exits {[p.poll() for p in procs]}); "
                                    f"see {log}")
             time.sleep(1)
-        yield
+        yield procs
     finally:
         for proc in reversed(procs):
             _stop(proc)
-        while _ready(args.port):  # the port is free before the next server binds it
+        while _ready(port):  # the port is free before the next server binds it
             time.sleep(0.5)
 
 

@@ -1,8 +1,9 @@
-"""Websocket streaming benchmark on the embedded stack: does the web path keep up with the engine?
+"""Websocket streaming benchmark: does the web path keep up with the engine?
 
-Two runs of one greedy workload (N chats at once) on the same in-process engine:
-  bare: the engine's streams read directly, no Celery, no channel layer, no websocket;
-  web:  N websocket clients through the consumer, Celery task, coalescing and the channel layer.
+Two runs of one greedy workload (N chats at once), with the same engine settings:
+  bare: an engine's streams read directly, no Celery, no channel layer, no websocket;
+  web:  N websocket clients through the consumer, Celery task, coalescing and the channel layer (on the embedded
+        stack the same engine as bare; on the distributed one, the worker process's).
 The web run's clients are asyncio clients in a separate process, as browsers would be: in the server's
 process they would take its GIL from the engine and the web path being measured. Each websocket client loads
 the chat page and opens its socket before the clock starts, as a browser does before its user sends.
@@ -46,6 +47,7 @@ class Run:
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)  # see `phases`
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds between the run's start and end, by process
+    texts: list[str] = field(default_factory=list)  # each chat's text, in the workload's order
 
     @property
     def tokens_per_s(self) -> float:
@@ -54,15 +56,15 @@ class Run:
 
 def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, Any]) -> Run:
     """All chats at once straight into the engine; each stream drained by its own thread."""
-    finals: list[Any] = []
+    finals: list[Any] = [None] * len(chats)
 
-    def drain(chat: list[dict]) -> None:
+    def drain(number: int, chat: list[dict]) -> None:
         stream = service.submit(uuid.uuid4().hex, Job(params, chat))
         while stream.get() is not None:
             pass
-        finals.append(stream.final)
+        finals[number] = stream.final
 
-    threads = [threading.Thread(target=drain, args=(chat,)) for chat in chats]
+    threads = [threading.Thread(target=drain, args=item) for item in enumerate(chats)]
     cpu_start, start = time.process_time(), time.perf_counter()
     for thread in threads:
         thread.start()
@@ -70,7 +72,7 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
         thread.join()
     end, cpu_end = time.perf_counter(), time.process_time()
     return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, phases(start, end, finals),
-               {"server": cpu_end - cpu_start})
+               {"server": cpu_end - cpu_start}, [f.outputs[0].text for f in finals])
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -196,40 +198,50 @@ class Clients:
     api_key: str = ""
     model: str = ""
     api_chats: list[list[dict]] = field(default_factory=list)
+    # The processes whose CPU a web run reports, by name; unset: the server is the benchmark's own process.
+    cpu_pids: dict[str, int] = field(default_factory=dict)
 
 
 def _clients(clients: Clients, params: dict) -> tuple[float, float, dict[str, float], list[Delivery]]:
     """Every client at once (in the clients' process); returns when they started, when the last one was done,
-    the CPU seconds the server (this process's parent) and the clients used in between, and what each received.
-    The websocket chats' pages are loaded and their sockets open before the clock starts, as a browser's are
-    before its user sends; an API client connects per request, as API clients do."""
-    server, me = os.getppid(), os.getpid()
+    the CPU seconds the server's processes (`clients.cpu_pids`, or this process's parent) and the clients used in
+    between, and what each received, in the order of the chats (websocket, then API). The websocket chats' pages
+    are loaded and their sockets open before the clock starts, as a browser's are before its user sends; an API
+    client connects per request, as API clients do."""
+    watched = {**(clients.cpu_pids or {"server": os.getppid()}), "clients": os.getpid()}
 
     async def everyone():
         sockets = await asyncio.gather(*(_open_chat(clients.ws_url, clients.origin) for _ in clients.ws_chats))
-        cpu_start = {"server": _process_cpu_s(server), "clients": _process_cpu_s(me)}
+        cpu_start = {name: _process_cpu_s(pid) for name, pid in watched.items()}
         start = time.perf_counter()
         results = await asyncio.gather(
             *(_ws_client(ws, chat, params) for ws, chat in zip(sockets, clients.ws_chats)),
             *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
         )
         end = time.perf_counter()
-        cpu = {"server": _process_cpu_s(server), "clients": _process_cpu_s(me)}
-        return start, end, {k: v - cpu_start[k] for k, v in cpu.items()}, results
+        cpu = {name: _process_cpu_s(pid) - cpu_start[name] for name, pid in watched.items()}
+        return start, end, cpu, results
 
     return asyncio.run(everyone())
 
 
-def run_web(clients: Clients, params: dict, finals: dict[str, Any]) -> tuple[Run, list[Delivery]]:
+def run_web(clients: Clients, params: dict, finals: dict[str, Any] | None) -> tuple[Run, list[Delivery]]:
     """The web run, its clients in a fresh process (spawned: forking this one, with the engine's and the
     server's threads, could copy a lock some thread holds); `finals`: the engine's outputs by request id
-    (FinalsRecorder's), for the run's phases."""
+    (FinalsRecorder's), for the run's phases; None where the engine is another process's (no phases)."""
     if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
         raise RuntimeError("perf_counter is not the system-wide monotonic clock here: delays would be meaningless")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         start, end, cpu, results = pool.submit(_clients, clients, params).result()
-    return Run(sum(r.completion_tokens for r in results), end - start,
-               phases(start, end, [finals[r.request_id] for r in results]), cpu), results
+    split = phases(start, end, [finals[r.request_id] for r in results]) if finals is not None else {}
+    return Run(sum(r.completion_tokens for r in results), end - start, split, cpu, [r.text for r in results]), results
+
+
+def texts_unlike_bare(bare: Run, web: Run) -> list[int]:
+    """The chats (by number in the workload) whose delivered text differs from the bare engine's (greedy: the
+    same prompt gives the same text), for a stack whose engine's own outputs this process cannot see."""
+    return [number for number, (engine, delivered) in enumerate(zip(bare.texts, web.texts, strict=True))
+            if engine != delivered]
 
 
 def delivery_delays(results: list[Delivery], finals: dict[str, Any], tokenizer) -> list[float]:
@@ -277,9 +289,10 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
         "",
-        *(f"{name} phases: " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items())
-          + "; CPU: " + ", ".join(f"{k} {v:.2f} s" for k, v in run.cpu.items())
-          for name, run in (("bare", bare), ("web", web)) if run.phases),
+        *(f"{name}: " + "; ".join(part for part in (
+            "phases " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items()) if run.phases
+            else "", "CPU " + ", ".join(f"{k} {v:.2f} s" for k, v in run.cpu.items()) if run.cpu else "") if part)
+          for name, run in (("bare", bare), ("web", web)) if run.phases or run.cpu),
     ])
 
 

@@ -2,10 +2,13 @@
 first, and vLLM's CLI is run through its own venv with the version lookup it needs."""
 import contextlib
 import json
+import os
+import sys
 
 import pytest
 
 from bench import serve_vs_vllm
+from tests.playground.live_stack import free_port
 
 
 def smollm2_like(tmp_path):
@@ -48,6 +51,15 @@ def test_the_distributed_stack_is_the_compose_file_s_processes_over_one_redis(tm
     assert web_env["REDIS_URL"] == args.redis_url and web_env["SECRET_KEY"]
     assert web_env["PLAYGROUND_API_KEYLESS"] == "1"  # vllm bench serve sends no key
     assert web_env["ENGINE_MAX_NUM_SEQS"] == "64"
+
+
+def test_a_server_that_exits_before_it_is_healthy_is_reported_with_its_log(tmp_path):
+    log = tmp_path / "server.log"
+    command = [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"]
+    with pytest.raises(RuntimeError, match=r"did not become healthy \(exits \[3\]\); see .*server.log"):
+        with serve_vs_vllm.running("ours", [(command, dict(os.environ))], free_port(), log):
+            pytest.fail("the block ran without a healthy server")
+    assert "no model here" in log.read_text()
 
 
 def test_unknown_backends_are_refused(tmp_path):

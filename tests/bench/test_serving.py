@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.serving import clients as bench
-from tests.playground.live_stack import ENGINE_ENV, REPO, free_port
+from tests.playground.live_stack import ENGINE_ENV, REPO, PrivateRedis, free_port
 
 
 class CharTokenizer:
@@ -72,6 +72,20 @@ def test_delivered_texts_are_checked_against_the_engines():
     assert bench.mismatched_texts(results, finals) == ["b"]
 
 
+def test_without_the_engine_s_outputs_delivered_texts_are_checked_against_the_bare_run_s():
+    bare, web = bench.Run(3, 1.0, texts=["a", "b", "c"]), bench.Run(3, 1.0, texts=["a", "x", "c"])
+    assert bench.texts_unlike_bare(bare, web) == [1]
+    with pytest.raises(ValueError):  # a chat missing from either run is not a match
+        bench.texts_unlike_bare(bare, bench.Run(2, 1.0, texts=["a", "b"]))
+
+
+def test_a_run_without_phases_still_reports_its_cpu_by_process():
+    web = bench.Run(95, 2.0, cpu={"web": 1.0, "worker": 3.5, "redis": 0.25})
+    lines = bench.report(2, 0, 8, bench.Run(100, 2.0), web, {}, 30).splitlines()
+    assert lines[-1] == "web: CPU web 1.00 s, worker 3.50 s, redis 0.25 s"
+    assert not any(line.startswith("bare") for line in lines)  # nothing measured, nothing printed
+
+
 def test_workload_prompts_are_distinct():
     chats = bench.workload(40)
     assert len({chat[0]["content"] for chat in chats}) == 40
@@ -102,3 +116,30 @@ def test_serving_bench_streams_websocket_and_api_clients_at_once_and_checks_thei
             assert parts == pytest.approx(run["seconds"], abs=0.01) and run["arrival_spread_s"] >= 0
             assert run["server_cpu_s"] > 0  # the engine computed in the server's process
         assert 0 <= r["web"]["clients_cpu_s"] < r["web"]["server_cpu_s"] and "clients_cpu_s" not in r["bare"]
+
+
+@pytest.mark.slow
+def test_serving_bench_on_the_distributed_stack_checks_texts_against_the_bare_engine(tmp_path):
+    """`python -m bench.serving --stack distributed`, small: the web and worker processes serve over a Redis of
+    the test's own, every delivered text equals the bare engine's, and the web run's CPU is counted per process."""
+    redis = PrivateRedis(tmp_path)
+    redis.start()
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL", "SECRET_KEY"}}
+        env.update(ENGINE_ENV, PLAYGROUND_VAR_DIR=str(tmp_path))
+        out = tmp_path / "serving.json"
+        done = subprocess.run([sys.executable, "-m", "bench.serving", "--stack", "distributed", "--redis-url",
+                               redis.url, "--clients", "3", "--api-clients", "2", "--max-tokens", "8", "--port",
+                               str(free_port()), "--rounds", "2", "--out", str(out)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        redis.kill()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("all 5 delivered texts equal the bare engine's") == 2
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["order"] for r in rounds] == [["bare", "web"], ["web", "bare"]]
+    for r in rounds:
+        assert r["bare"]["tokens"] == r["web"]["tokens"] > 0
+        assert r["bare"]["server_cpu_s"] > 0 and "server_cpu_s" not in r["web"]  # the bare engine is the bench's
+        assert r["web"]["worker_cpu_s"] > 0 and r["web"]["web_cpu_s"] > 0 and r["web"]["redis_cpu_s"] >= 0
+        assert "engine_span_s" not in r["web"] and r["web"]["ws_delay_p50_ms"] is None  # the worker's to know
