@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -119,6 +119,20 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped (it failed, or was shut down) and accepts no more requests."""
 
 
+def build_on_own_thread(args: EngineArgs) -> LLMEngine:
+    """The engine, built on a short-lived thread, so the caller's thread runs no OpenMP parallel region.
+
+    Why: libgomp keeps a team of threads for each thread that has run a parallel region, for as long as that
+    thread lives. Loading the model runs many; with the caller's team alive beside the loop thread's, libgomp
+    manages more threads than there are CPUs and cuts every idle thread's spin to its throttled count (100
+    rounds, against GOMP_SPINCOUNT's 3,000 in a serving process): each step then waits on the kernel to wake its
+    threads, ~15% slower on a 2-vCPU Xeon (64 chats, the bare engine of `python -m bench.serving`). A thread
+    that ends frees its team.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="engine-build") as builder:
+        return builder.submit(LLMEngine, args).result()
+
+
 class StreamingEngine:
     # The block map in metrics() is rebuilt at most this often while busy (dashboards poll a few times a second).
     BLOCK_MAP_INTERVAL_S = 0.1
@@ -129,7 +143,7 @@ class StreamingEngine:
 
     def __init__(self, **kwargs) -> None:
         self.args = EngineArgs(**kwargs)
-        self.engine = LLMEngine(self.args)
+        self.engine = build_on_own_thread(self.args)
         # A second tokenizer for callers' threads: the loop thread's one is never shared.
         self.tokenizer = load_tokenizer(resolve_model(self.args.model))
         self._tokenizer_lock = threading.Lock()
