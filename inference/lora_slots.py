@@ -22,6 +22,7 @@ import kernels.lora
 from inference.linear import Linear
 from inference.lora import TARGET_MODULES, LoRAAdapter, LoRARequest, load_adapter
 from inference.model import LlamaForCausalLM
+from inference.openmp import on_own_thread
 
 
 class LoRALayer:
@@ -104,7 +105,9 @@ class LoRAManager:
             if adapter is not None:
                 self._host.move_to_end(request)
                 return adapter
-        adapter = load_adapter(request, self.cfg, self.max_rank)  # outside the lock: disk and checks
+        # Outside the lock (disk and checks), and off the caller's thread: converting and scaling a large
+        # adapter's tensors runs OpenMP regions, whose team would outlive the call (openmp.py).
+        adapter = on_own_thread(load_adapter, request, self.cfg, self.max_rank)
         with self._host_lock:
             self._host[request] = adapter
             while len(self._host) > self.max_cpu_loras:

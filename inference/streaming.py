@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -47,6 +47,7 @@ from inference.input_processor import load_tokenizer
 from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
+from inference.openmp import on_own_thread
 from inference.outputs import RequestOutput, StreamDelta
 from inference.parallel.ranks import RankFailedError
 from inference.sampling_params import SamplingParams
@@ -119,20 +120,6 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped (it failed, or was shut down) and accepts no more requests."""
 
 
-def build_on_own_thread(args: EngineArgs) -> LLMEngine:
-    """The engine, built on a short-lived thread, so the caller's thread runs no OpenMP parallel region.
-
-    Why: libgomp keeps a team of threads for each thread that has run a parallel region, for as long as that
-    thread lives. Loading the model runs many; with the caller's team alive beside the loop thread's, libgomp
-    manages more threads than there are CPUs and cuts every idle thread's spin to its throttled count (100
-    rounds, against GOMP_SPINCOUNT's 3,000 in a serving process): each step then waits on the kernel to wake its
-    threads, ~15% slower on a 2-vCPU Xeon (64 chats, the bare engine of `python -m bench.serving`). A thread
-    that ends frees its team.
-    """
-    with ThreadPoolExecutor(1, thread_name_prefix="engine-build") as builder:
-        return builder.submit(LLMEngine, args).result()
-
-
 class StreamingEngine:
     # The block map in metrics() is rebuilt at most this often while busy (dashboards poll a few times a second).
     BLOCK_MAP_INTERVAL_S = 0.1
@@ -143,7 +130,7 @@ class StreamingEngine:
 
     def __init__(self, **kwargs) -> None:
         self.args = EngineArgs(**kwargs)
-        self.engine = build_on_own_thread(self.args)
+        self.engine = on_own_thread(LLMEngine, self.args)  # the caller keeps no OpenMP team (openmp.py)
         # A second tokenizer for callers' threads: the loop thread's one is never shared.
         self.tokenizer = load_tokenizer(resolve_model(self.args.model))
         self._tokenizer_lock = threading.Lock()

@@ -1,18 +1,15 @@
 """StreamingEngine: many callers, one loop thread; deltas add up to the final text; aborts free blocks."""
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from inference import SamplingParams, StreamingEngine
 from tests.inference.engines import get_llm
 from tests.inference.oracle_prompts import ORACLE_PROMPTS
+from tests.inference.test_openmp import native_thread_counts
 
 
 @pytest.fixture(scope="module")
@@ -191,35 +188,20 @@ def test_metrics_keep_the_block_map_with_its_tables_between_rebuilds(engine):
 
 
 
-REPO = Path(__file__).resolve().parents[2]
-# Run in a fresh process: native threads the process has beyond Python's own, before and after building.
-_OPENMP_TEAMS_SCRIPT = """
-import os, threading
-import torch
-torch.set_num_threads(2)
-from inference import StreamingEngine
-from inference.config import EngineArgs
-from inference.engine import LLMEngine
-
-def native_threads():
-    return len(os.listdir("/proc/self/task")) - threading.active_count()
-
-before = native_threads()
-StreamingEngine(num_kv_blocks=64, dtype="float32")
-streaming = native_threads()
-LLMEngine(EngineArgs(num_kv_blocks=64, dtype="float32"))
-print(before, streaming, native_threads())
-"""
-
-
 def test_building_a_streaming_engine_leaves_the_caller_without_an_openmp_team():
     """Loading runs OpenMP regions; a thread that ran one keeps a team of threads while it lives, and with the
     loop thread's team beside it libgomp throttles every idle thread's spin (each step ~15% slower on two
     vCPUs). StreamingEngine builds on a thread that ends; building on this thread, as before, keeps one more."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", _OPENMP_TEAMS_SCRIPT], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    before, streaming, direct = map(int, done.stdout.split()[-3:])
+    before, streaming, direct = native_thread_counts("""
+from inference import StreamingEngine
+from inference.config import EngineArgs
+from inference.engine import LLMEngine
+
+count()
+StreamingEngine(num_kv_blocks=64, dtype="float32")
+count()
+LLMEngine(EngineArgs(num_kv_blocks=64, dtype="float32"))
+count()
+""")
     assert streaming == before
-    assert direct == before + 1  # the caller's team: the check can see one
+    assert direct == before + 1  # the caller's team: the count can see one
