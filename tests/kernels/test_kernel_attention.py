@@ -218,11 +218,11 @@ def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype):
     """Sequences of >= prompt_min_query() new tokens attend through blocked matmuls (bfloat16 where AMX is granted:
     those under 64 on tiles, in two passes): a whole prompt, one after a prefix hit (causal from its offset), one
     spanning a partial last block, beside short ones and a decode row that stay in the C++ routine, all in one
-    batch."""
+    batch; and a whole prompt of 64 or more (with AMX, SDPA's own causal case, no mask)."""
     ops = backend_module(request, device, "cpu")
     long = ops.prompt_min_query()
-    query_lens = [long, long + 9, 1, 3, 2 * long + 5]
-    contexts = [long, long + 9 + 70, 17, 40, 2 * long + 5 + 16]
+    query_lens = [long, long + 9, 1, 3, 2 * long + 5, 4 * long + 3]
+    contexts = [long, long + 9 + 70, 17, 40, 2 * long + 5 + 16, 4 * long + 3]
     case = make_case(16, 3, 64, dtype, query_lens, device, contexts)
     check_both(case, run_prefill(ops, case), run_prefill(reference, case))
 
