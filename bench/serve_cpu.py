@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench import serve_vs_vllm
+from bench import procfs, serve_vs_vllm
 
 PROCESSES = {"worker": ("celery", "worker"), "web": ("manage.py", "web"), "embedded": ("manage.py", "playground"),
              "redis": ("redis-server",)}
@@ -50,8 +49,7 @@ def cpu_seconds() -> dict[str, float]:
 def read_process(proc: Path) -> tuple[str, float]:
     """A /proc/<pid> folder's command line and its user + system CPU seconds so far, all its threads together."""
     command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-    return command, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return command, procfs.cpu_seconds(proc.name)
 
 
 def process_name(command: str) -> str | None:

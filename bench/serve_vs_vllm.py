@@ -148,15 +148,23 @@ def server(side: str, args: argparse.Namespace, model: Path, log: Path) -> Itera
     after, so nothing of it runs during the other side's turn."""
     commands = server_commands(side, args, model)
     if side == "ours" and args.stack == "distributed":
-        subprocess.run(["redis-cli", "-u", args.redis_url, "flushdb"], check=True, capture_output=True)
+        empty_redis(args.redis_url)
         migrate, *commands = commands
         subprocess.run(migrate[0], cwd=REPO, env={**os.environ, **migrate[1]}, check=True, capture_output=True)
-    envs = [{**os.environ, **extra_env} for _, extra_env in commands]
-    if side == "vllm":
-        for env in envs:
+    started = []
+    for command, extra_env in commands:
+        env = {**os.environ, **extra_env}
+        if side == "vllm":
             env.pop("PYTHONPATH", None)
-    with running(side, [(command, env) for (command, _), env in zip(commands, envs)], args.port, log):
+        started.append((command, env))
+    with running(side, started, args.port, log):
         yield
+
+
+def empty_redis(url: str) -> None:
+    """Empty the distributed stack's Redis database, so no queue, registry entry or message of an earlier run is
+    left to meet."""
+    subprocess.run(["redis-cli", "-u", url, "flushdb"], check=True, capture_output=True)
 
 
 @contextmanager

@@ -22,7 +22,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -120,7 +119,7 @@ def distributed(args: argparse.Namespace, api_key: str) -> str:
     from bench import serve_vs_vllm
     from playground.serving.worker.engine_service import EngineService
 
-    subprocess.run(["redis-cli", "-u", args.redis_url, "flushdb"], check=True, capture_output=True)
+    serve_vs_vllm.empty_redis(args.redis_url)
     service = EngineService(settings.PLAYGROUND_ENGINE, lora_modules=settings.PLAYGROUND_LORA_MODULES)
     service.load()
     service.wait_ready(0)

@@ -27,6 +27,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench import procfs
 from playground.serving.shared.envelope import Job
 from playground.serving.worker.engine_service import EngineService
 
@@ -73,13 +74,6 @@ def run_bare(service: EngineService, chats: list[list[dict]], params: dict[str, 
     end, cpu_end = time.perf_counter(), time.process_time()
     return Run(sum(len(o.token_ids) for f in finals for o in f.outputs), end - start, phases(start, end, finals),
                {"server": cpu_end - cpu_start}, [f.outputs[0].text for f in finals])
-
-
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) a process has used so far, from /proc (Linux, as the clock)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
 def phases(start: float, end: float, finals: list[Any]) -> dict[str, float]:
@@ -212,14 +206,14 @@ def _clients(clients: Clients, params: dict) -> tuple[float, float, dict[str, fl
 
     async def everyone():
         sockets = await asyncio.gather(*(_open_chat(clients.ws_url, clients.origin) for _ in clients.ws_chats))
-        cpu_start = {name: _process_cpu_s(pid) for name, pid in watched.items()}
+        cpu_start = {name: procfs.cpu_seconds(pid) for name, pid in watched.items()}
         start = time.perf_counter()
         results = await asyncio.gather(
             *(_ws_client(ws, chat, params) for ws, chat in zip(sockets, clients.ws_chats)),
             *(_api_client(clients.api_url, clients.api_key, clients.model, chat, params) for chat in clients.api_chats),
         )
         end = time.perf_counter()
-        cpu = {name: _process_cpu_s(pid) - cpu_start[name] for name, pid in watched.items()}
+        cpu = {name: procfs.cpu_seconds(pid) - cpu_start[name] for name, pid in watched.items()}
         return start, end, cpu, results
 
     return asyncio.run(everyone())
@@ -289,11 +283,18 @@ def report(ws_clients: int, api_clients: int, max_tokens: int, bare: Run, web: R
         f"| {p(delays.get('ws', []), 50)} / {p(delays.get('ws', []), 99)} "
         f"| {p(delays.get('api', []), 50)} / {p(delays.get('api', []), 99)} | {p(every, 99)} | {coalesce_ms} ms |",
         "",
-        *(f"{name}: " + "; ".join(part for part in (
-            "phases " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items()) if run.phases
-            else "", "CPU " + ", ".join(f"{k} {v:.2f} s" for k, v in run.cpu.items()) if run.cpu else "") if part)
-          for name, run in (("bare", bare), ("web", web)) if run.phases or run.cpu),
+        *(f"{name}: {_split(run)}" for name, run in (("bare", bare), ("web", web)) if run.phases or run.cpu),
     ])
+
+
+def _split(run: Run) -> str:
+    """A run's phases and CPU seconds by process, whichever it has, on one line."""
+    parts = []
+    if run.phases:
+        parts.append("phases " + ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in run.phases.items()))
+    if run.cpu:
+        parts.append("CPU " + ", ".join(f"{k} {v:.2f} s" for k, v in run.cpu.items()))
+    return "; ".join(parts)
 
 
 def round_record(order: tuple[str, ...], bare: Run, web: Run, delays: dict[str, list[float]]) -> dict[str, Any]:
