@@ -10,7 +10,8 @@
 // per row and block too.
 //
 // A prompt (PROMPT_MIN_QUERY or more new rows: a whole prompt, or a long suffix after a prefix hit) goes through
-// prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 2.5-3x faster than flash attention in bfloat16); the other sequences here.
+// prompt_attention (prompt_attention_cpu.cpp: blocked matmuls, 2.5-3x faster than flash attention in bfloat16); the
+// other sequences here. Where bfloat16 runs on AMX tiles, every sequence is attended here (attend_rows_tiles).
 //
 // Work item = (sequence, tile of up to TILE_Q query tokens, KV heads). An item owns the query heads of its KV
 // heads for its tokens (GQA: the rows sharing one KV head), so each K/V block is read once per item (copied into a
@@ -47,7 +48,6 @@ namespace {
 
 constexpr int64_t TILE_Q = 16;
 constexpr int64_t PROMPT_MIN_QUERY = 32;  // new rows from which a sequence attends through prompt_attention
-constexpr int64_t TILE_MIN_PROMPT = 64;   // the same where bfloat16 items run on AMX tiles (prompt_attention's flash)
 constexpr int64_t WHOLE_HEADS_PER_THREAD = 4;  // (sequence, tile) pairs per thread from which items take every KV head
 constexpr int64_t PREFETCH_BLOCKS = 2;  // how far ahead a block's rows are fetched (1: 10-20% slower at 1,024 tokens)
 
@@ -405,9 +405,11 @@ void attend_item(const Item& it, Scratch& buf, const T* q, int64_t q_s0, int64_t
 // math is a few tile instructions and a softmax down 16 lanes per unit of keys, K is read in place by the tile
 // loads, and the unit PREFETCH_BLOCKS ahead is fetched (tile loads wait for memory in order): ~50 ms. Measured and
 // not kept: no prefetch (~58); that prefetch spread over the unit's work (~56); every head's phase done for all
-// heads before the next (56-62); one head at a time with per-row gathers and sums (~52). Items of more rows (prompts
-// of under TILE_MIN_PROMPT new rows) take attend_rows_tiles: 32 suffixes of 40 tokens over 352 cached, 30 layers,
-// 140 ms through prompt_attention's matmuls, 216-235 with this file's online softmax per unit, 113-118 in two passes.
+// heads before the next (56-62); one head at a time with per-row gathers and sums (~52). Items of more rows (prompts)
+// take attend_rows_tiles: 32 suffixes of 40 tokens over 352 cached, 30 layers, 140 ms through prompt_attention's
+// matmuls, 216-235 with this file's online softmax per unit, 113-118 in two passes. Whole prompts took torch's flash
+// attention (SDPA) until its two passes lost their scalar packing of Q and of the output and took exp2_fma and the
+// reuse of V: at 7 prompts of 290 tokens 1.7-1.9 ms a layer against 3.9-4.0 (BENCHMARKS.md, issue 41).
 //
 // Per unit of U keys (32, or 16 where blocks are 16 rows) and group of heads (attend_item_tiles): S^T = K . Q^T
 // with K's rows as the A tile straight from the cache and Q^T packed once per item in pairs of dims (the B tile's
@@ -444,6 +446,31 @@ struct AttentionTiles {  // AMX palette 1; tile numbers as used in attend_item_t
 // The dim that column `col` of PV output tile `tile` holds: tile 2c packs the low halves of 128-bit lanes of dims
 // 32c..32c+31 (dims 8L..8L+3 of lane L), tile 2c+1 the high halves.
 inline int64_t tile_dim(int64_t tile, int64_t col) { return 32 * (tile / 2) + 8 * (col / 4) + 4 * (tile % 2) + col % 4; }
+
+// exp((x - max) * scale) for a register of scores x, as 2^y with y = x * a + b (a = scale * log2 e, b = -max * a)
+// clamped to [-126, 0]: 2^round(y) times a degree-5 polynomial on [-0.5, 0.5] (relative error 7.5e-8), in FMAs.
+// Half the instructions of vexp2_bounded's Horner steps on [0, 1), and the softmax's exponentials were ~40% of a
+// prompt's attention on tiles.
+inline __m512 exp2_fma(__m512 x, __m512 a, __m512 b) {
+  const __m512 y = _mm512_max_ps(_mm512_fmadd_ps(x, a, b), _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_set1_ps(1.327646555637295e-3f);
+  for (const float c : {9.675541367741063e-3f, 5.550713294140059e-2f, 2.402211972356164e-1f, 6.931469670516625e-1f,
+                        1.000000071654601f})
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The permutation that puts PV output tiles 2c and 2c + 1, rounded to bfloat16 side by side (tile 2c in the low
+// 16), back in dim order: dim 32c + d comes from column tile_dim's inverse of it.
+inline __m512i tile_dims_in_order() {
+  static const __m512i index = [] {
+    alignas(64) int16_t idx[32];
+    for (int d = 0; d < 32; ++d) idx[d] = static_cast<int16_t>(16 * ((d % 8) / 4) + 4 * (d / 8) + d % 4);
+    return _mm512_load_si512(idx);
+  }();
+  return index;
+}
 
 // 16 registers of 16 floats transposed in place (row i lane j <-> row j lane i).
 inline void transpose16(__m512* r) {
@@ -572,10 +599,12 @@ void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, 
         p[t] = vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale));
         new_max = _mm512_mask_max_ps(new_max, sees[t], new_max, p[t]);
       }
-      const fvec correction = vexp2_bounded(vmax(vmul(vsub(row_max, new_max), vset(LOG2_E)), vset(-126.f)));
+      const fvec log2e = vset(LOG2_E), shift = vmul(new_max, vset(-LOG2_E));
+      // (the correction as a difference: exactly 1 while the max holds, the first units' sentinel max included)
+      const fvec correction = vexp2_bounded(vmax(vmul(vsub(row_max, new_max), log2e), vset(-126.f)));
       fvec sum = vzero();
       for (int64_t t = 0; t < unit; ++t) {
-        p[t] = _mm512_maskz_mov_ps(sees[t], vexp2_bounded(vmax(vmul(vsub(p[t], new_max), vset(LOG2_E)), vset(-126.f))));
+        p[t] = _mm512_maskz_mov_ps(sees[t], exp2_fma(p[t], log2e, shift));
         sum = vadd(sum, p[t]);
       }
       row_max = new_max;
@@ -625,10 +654,14 @@ void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, 
 // Items of more than 16 rows per KV head (short prompts: a suffix after a prefix-cache hit) on tiles, in two passes
 // per head and tile of 16 rows instead of an online softmax: scores for every key the rows see (S^T, a unit of keys
 // after another with nothing between them), one softmax down the lanes over all of them, then O = P . V with the
-// values of every unit summed in the accumulator tiles. The head's V is packed once for all its row tiles.
+// values of every unit summed in the accumulator tiles. V is packed per KV head for all the item's row tiles, and
+// kept for the thread's next item when that is of the same sequence and heads and sees no more keys: items run
+// costliest first, so a long prompt's items come to each thread in that order, and each had packed every unit it
+// sees (O(context) per 16 tokens, 17% of a 4,096-token prompt's attention).
 struct RowScratch {
-  std::vector<c10::BFloat16> qt, p, v;  // Q^T of a row tile; P rows over every key; V of every unit, packed
+  std::vector<c10::BFloat16> qt, p, v;  // Q^T of a row tile; P rows over every key; V per head and unit, packed
   std::vector<float> s, o;              // S^T over every key; O of the row tile
+  int64_t v_seq = -1, v_heads = -1, v_visible = 0;  // whose V `v` holds: sequence, first KV head, keys packed
 };
 
 template <int64_t HEAD_DIM>
@@ -636,8 +669,7 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
                        const c10::BFloat16* k, const c10::BFloat16* v, int64_t c_s0, int64_t c_s1, int64_t c_s2,
                        const int32_t* tables, int64_t t_s0, int64_t block_size, int64_t unit, int64_t group,
                        float scale, c10::BFloat16* out, int64_t o_s0, int64_t o_s1) {
-  constexpr int64_t CHUNKS = HEAD_DIM / 32, DIM_TILES = HEAD_DIM / 16, QT_TILE = TILE_ROWS * 32;
-  constexpr int64_t V_UNIT = DIM_TILES * TILE_ROWS * 32;
+  constexpr int64_t CHUNKS = HEAD_DIM / 32, QT_TILE = TILE_ROWS * 32, V_UNIT = (HEAD_DIM / 16) * TILE_ROWS * 32;
   const int64_t tokens = it.q_end - it.q_begin, rows = tokens * group, halves = unit / TILE_ROWS;
   const int64_t visible = it.first_pos + tokens, units = (visible + unit - 1) / unit, keys = units * unit;
   const int32_t* table = tables + it.seq * t_s0;
@@ -646,24 +678,38 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
   };
   buf.qt.resize(CHUNKS * QT_TILE);
   buf.p.resize(TILE_ROWS * keys);
-  buf.v.resize(units * V_UNIT);
   buf.s.resize(keys * TILE_ROWS);
   buf.o.resize(TILE_ROWS * HEAD_DIM);
+  // Packed keys past `visible` are the context's own (finite) values, which this item's probabilities zero.
+  if (buf.v_seq != it.seq || buf.v_heads != it.kv_begin || buf.v_visible < visible) {
+    buf.v.resize((it.kv_end - it.kv_begin) * units * V_UNIT);
+    for (int64_t h = it.kv_begin; h < it.kv_end; ++h)
+      for (int64_t u = 0; u < units; ++u)
+        pack_values<HEAD_DIM>(v + offset(u * unit, h), c_s1, std::min(unit, visible - u * unit), unit,
+                              buf.v.data() + ((h - it.kv_begin) * units + u) * V_UNIT);
+    buf.v_seq = it.seq, buf.v_heads = it.kv_begin, buf.v_visible = visible;
+  }
+  const int64_t v_units = (buf.v_visible + unit - 1) / unit;  // per head in `v`
   for (int64_t h = it.kv_begin; h < it.kv_end; ++h) {
-    for (int64_t u = 0; u < units; ++u)
-      pack_values<HEAD_DIM>(v + offset(u * unit, h), c_s1, std::min(unit, visible - u * unit), unit,
-                            buf.v.data() + u * V_UNIT);
+    const c10::BFloat16* vh = buf.v.data() + (h - it.kv_begin) * v_units * V_UNIT;
     for (int64_t first = 0; first < rows; first += TILE_ROWS) {
       const int64_t count = std::min(TILE_ROWS, rows - first);
-      // Q^T: row (d % 32) / 2, column (lane) i, element d % 2; lanes past `count` zeros and masked out.
-      std::fill(buf.qt.begin(), buf.qt.end(), c10::BFloat16(0.f));
+      // Q^T: row (d % 32) / 2, column (lane) i, element d % 2 (per 32 dims, the rows' pairs of dims transposed
+      // as 16 x 16 dwords); lanes past `count` zeros and masked out.
       alignas(64) int32_t positions[16];
+      const c10::BFloat16* rows_q[TILE_ROWS];
       for (int64_t i = 0; i < TILE_ROWS; ++i) {
         const int64_t r = first + i;
         positions[i] = i < count ? static_cast<int32_t>(it.first_pos + r / group) : -1;
-        if (i >= count) continue;
-        const c10::BFloat16* row = q + (it.q_begin + r / group) * q_s0 + (h * group + r % group) * q_s1;
-        for (int64_t d = 0; d < HEAD_DIM; ++d) buf.qt[(d / 32) * QT_TILE + ((d % 32) / 2) * 32 + 2 * i + d % 2] = row[d];
+        rows_q[i] = i < count ? q + (it.q_begin + r / group) * q_s0 + (h * group + r % group) * q_s1 : nullptr;
+      }
+      for (int64_t c = 0; c < CHUNKS; ++c) {
+        __m512 pairs[TILE_ROWS];
+        for (int64_t i = 0; i < TILE_ROWS; ++i)
+          pairs[i] = rows_q[i] ? _mm512_loadu_ps(rows_q[i] + 32 * c) : _mm512_setzero_ps();
+        transpose16(pairs);
+        for (int64_t pair = 0; pair < TILE_ROWS; ++pair)
+          _mm512_storeu_ps(buf.qt.data() + c * QT_TILE + pair * 32, pairs[pair]);
       }
       const __m512i lane_pos = _mm512_load_si512(positions);
       const int64_t seen = it.first_pos + (first + count - 1) / group + 1;  // keys the tile's last row sees
@@ -687,16 +733,14 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
       // Pass 2: the softmax down the lanes over every key (key t counts where t <= the lane's position).
       const int64_t seen_keys = seen_units * unit;
       auto sees = [&](int64_t t) { return _mm512_cmpge_epi32_mask(lane_pos, _mm512_set1_epi32(static_cast<int32_t>(t))); };
-      fvec max = vset(-1e30f), sum = vzero();
-      for (int64_t t = 0; t < seen; ++t)
-        max = _mm512_mask_max_ps(max, sees(t), max, vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale)));
+      fvec max = vset(-1e30f), sum = vzero();  // of the unscaled scores (scale > 0)
+      for (int64_t t = 0; t < seen; ++t) max = _mm512_mask_max_ps(max, sees(t), max, vload(buf.s.data() + t * TILE_ROWS));
+      const fvec a = vset(scale * LOG2_E), b = vmul(max, vset(-scale * LOG2_E));
       for (int64_t t0 = 0; t0 < seen_keys; t0 += TILE_ROWS) {
         __m512 p[TILE_ROWS];
         for (int64_t j = 0; j < TILE_ROWS; ++j) {
           const int64_t t = t0 + j;
-          const fvec x = vmul(vload(buf.s.data() + t * TILE_ROWS), vset(scale));
-          p[j] = _mm512_maskz_mov_ps(t < seen ? sees(t) : 0,
-                                     vexp2_bounded(vmax(vmul(vsub(x, max), vset(LOG2_E)), vset(-126.f))));
+          p[j] = _mm512_maskz_mov_ps(t < seen ? sees(t) : 0, exp2_fma(vload(buf.s.data() + t * TILE_ROWS), a, b));
           sum = vadd(sum, p[j]);
         }
         transpose16(p);  // p[lane][key t0 + j]
@@ -704,14 +748,14 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf.p.data() + i * keys + t0), (__m256i)_mm512_cvtneps_pbh(p[i]));
       }
       // Pass 3: O = P . V over every unit seen, two dim tiles a time accumulating across units.
-      for (int64_t t = 0; t < DIM_TILES; t += 2) {
+      for (int64_t t = 0; t < 2 * CHUNKS; t += 2) {
         _tile_zero(6);
         _tile_zero(7);
         for (int64_t u = 0; u < seen_units; ++u) {
           _tile_loadd(4, buf.p.data() + u * unit, keys * 2);
-          _tile_loadd(5, buf.v.data() + u * V_UNIT + t * TILE_ROWS * 32, 64);
+          _tile_loadd(5, vh + u * V_UNIT + t * TILE_ROWS * 32, 64);
           _tile_dpbf16ps(6, 4, 5);
-          _tile_loadd(5, buf.v.data() + u * V_UNIT + (t + 1) * TILE_ROWS * 32, 64);
+          _tile_loadd(5, vh + u * V_UNIT + (t + 1) * TILE_ROWS * 32, 64);
           _tile_dpbf16ps(7, 4, 5);
         }
         _tile_stored(6, buf.o.data() + t * 16, HEAD_DIM * 4);
@@ -721,11 +765,13 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
       vstore(sums, sum);
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = first + i;
-        const float inv = sums[i] > 0.f ? 1.f / sums[i] : 0.f;
+        const fvec inv = vset(sums[i] > 0.f ? 1.f / sums[i] : 0.f);
         c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + (h * group + r % group) * o_s1;
-        for (int64_t tile = 0; tile < DIM_TILES; ++tile)
-          for (int64_t col = 0; col < 16; ++col)
-            o[tile_dim(tile, col)] = static_cast<c10::BFloat16>(buf.o[i * HEAD_DIM + tile * 16 + col] * inv);
+        for (int64_t c = 0; c < CHUNKS; ++c) {  // tiles 2c and 2c + 1: dims 32c..32c+31, put back in order
+          const float* pair = buf.o.data() + i * HEAD_DIM + c * 32;
+          const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(vmul(vload(pair + 16), inv), vmul(vload(pair), inv));
+          _mm512_storeu_si512(o + 32 * c, _mm512_permutexvar_epi16(tile_dims_in_order(), both));
+        }
       }
     }
   }
@@ -802,12 +848,12 @@ void paged_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_c
   const int64_t heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), kv_heads = key_cache.size(2), group = heads / kv_heads;
   // bfloat16 items run on AMX tiles where the OS grants them (blocks of 16 rows or a multiple: their unit of keys),
-  // and then take prompts of up to TILE_MIN_PROMPT new rows too. A sliding window or a soft cap keeps to
-  // attend_item (the tile routines mask causally only, and do not cap).
+  // and then take prompts too, however long. A sliding window or a soft cap keeps to attend_item and
+  // prompt_attention (the tile routines mask causally only, and do not cap).
   const bool tiles = AMX_ATTENTION && query.scalar_type() == at::kBFloat16 && (head_dim == 64 || head_dim == 128) &&
                      block_size % 16 == 0 && window == 0 && softcap == 0 &&
                      tiled_weights_available();
-  const int64_t prompt_min = tiles ? TILE_MIN_PROMPT : PROMPT_MIN_QUERY;
+  const int64_t prompt_min = tiles ? std::numeric_limits<int64_t>::max() : PROMPT_MIN_QUERY;
   const std::vector<Item> items = plan(context_lens, query_start_loc, kv_heads, group, block_size,
                                        block_tables.size(1), at::get_num_threads(), prompt_min, window);
   const auto* starts = query_start_loc.data_ptr<int32_t>();

@@ -15,7 +15,8 @@
 //
 // On a CPU with AMX, bfloat16 prompts of FLASH_MIN_QUERY or more new tokens take torch's flash attention instead:
 // its tiles multiply on AMX, 1.2-1.6x faster than the matmuls here from 64 to 1,024 new tokens (at 40 it is 1.2x
-// slower; BENCHMARKS.md, issue 12). Without AMX it is the slower one.
+// slower; BENCHMARKS.md, issue 12). Without AMX it is the slower one. Only the prompts that paged_attention_cpu.cpp's
+// own tile routines do not take come here on such a CPU: a sliding window, a soft cap, another head size.
 //
 // With a sliding window (window > 0: a token at position p sees keys p - window < k <= p, kernels/reference.py)
 // only the blocks from the one holding the first row's first visible key are gathered, and each tile's product

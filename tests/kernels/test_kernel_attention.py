@@ -213,18 +213,32 @@ def test_cpu_kernels_refuse_a_block_table_too_narrow_for_its_context(request, de
                                     prompt.context_lens, prompt.query_start_loc, prompt.scale)
 
 
+@pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype):
+def test_cpu_prompts_through_matmuls_match_dense(request, device, dtype, block_size):
     """Sequences of >= prompt_min_query() new tokens attend through blocked matmuls (bfloat16 where AMX is granted:
-    those under 64 on tiles, in two passes): a whole prompt, one after a prefix hit (causal from its offset), one
-    spanning a partial last block, beside short ones and a decode row that stay in the C++ routine, all in one
-    batch; and a whole prompt of 64 or more (with AMX, SDPA's own causal case, no mask)."""
+    on tiles, in two passes, and with blocks of 8 rows, which the tiles do not take, torch's flash attention): a
+    whole prompt, one after a prefix hit (causal from its offset), one spanning a partial last block, beside short
+    ones and a decode row that stay in the C++ routine, all in one batch; and a whole prompt of several query tiles
+    (flash: SDPA's own causal case, no mask)."""
     ops = backend_module(request, device, "cpu")
     long = ops.prompt_min_query()
     query_lens = [long, long + 9, 1, 3, 2 * long + 5, 4 * long + 3]
     contexts = [long, long + 9 + 70, 17, 40, 2 * long + 5 + 16, 4 * long + 3]
-    case = make_case(16, 3, 64, dtype, query_lens, device, contexts)
+    case = make_case(block_size, 3, 64, dtype, query_lens, device, contexts)
     check_both(case, run_prefill(ops, case), run_prefill(reference, case))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cpu_lone_prompt_whose_last_tile_is_short_matches_dense(request, device, dtype):
+    """One prompt alone, whole and after a prefix hit, whose last query tile (10 tokens: 30 rows per KV head, more
+    than one AMX tile) sees the most keys but costs less than the tiles before it, so it runs after tiles that see
+    fewer: on AMX tiles a thread keeps a sequence's packed values for its next item, which must not reuse fewer
+    keys than it sees (reusing them gave errors of 1e13)."""
+    ops = backend_module(request, device, "cpu")
+    for context, q_len in [(138, 138), (138 + 40, 138)]:
+        case = make_case(16, 3, 64, dtype, [q_len], device, [context])
+        check_both(case, run_prefill(ops, case), run_prefill(reference, case))
 
 
 def poison_passed_blocks(case: PagedCase, window: int) -> int:
