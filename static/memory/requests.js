@@ -27,6 +27,7 @@ export class RequestTable {
     this.aborting = new Set();
     this.hovered = null; // request id under the pointer
     this.tables = new Map(); // request id -> block table of the last update
+    this.rows = new Map(); // "request id#sample index" -> its row, kept while the sequence is listed
     tbody.addEventListener("mouseover", (event) => {
       const id = event.target.closest("tr")?.dataset.requestId ?? null;
       if (id !== this.hovered) this.hover(id);
@@ -59,14 +60,46 @@ export class RequestTable {
     for (const r of requests) {
       this.tables.set(r.request_id, [...(this.tables.get(r.request_id) ?? []), ...r.block_table]);
     }
-    this.tbody.replaceChildren(...requests.map((r) => this.row(r, blocks, blockSize)));
+    // A sequence keeps its row (and its Abort button) from one block map to the next, and only the other cells
+    // are rebuilt: rebuilding whole rows with every map (each 250 ms while a request runs) left a pointer pressed
+    // on a button that was no longer in the page, and the click was lost.
+    const rows = new Map();
+    for (const r of requests) {
+      const key = `${r.request_id}#${r.index ?? 0}`;
+      const tr = this.rows.get(key) ?? this.newRow(r);
+      this.fill(tr, r, blocks, blockSize);
+      rows.set(key, tr);
+    }
+    this.rows = rows;
+    const order = [...rows.values()];
+    if (order.length !== this.tbody.children.length || order.some((tr, i) => this.tbody.children[i] !== tr)) {
+      this.tbody.replaceChildren(...order);
+    }
     this.emptyNote.hidden = requests.length > 0;
     if (this.hovered !== null) this.hover(live.has(this.hovered) ? this.hovered : null);
   }
 
-  row(request, blocks, blockSize) {
+  /** A sequence's row with its Abort button; `fill` puts in the other cells. */
+  newRow(request) {
     const tr = el("tr");
     tr.dataset.requestId = request.request_id;
+    const actions = el("td", "req-actions");
+    const abort = el("button", "btn btn-small", this.aborting.has(request.request_id) ? "Aborting…" : "Abort");
+    abort.type = "button";
+    abort.disabled = this.aborting.has(request.request_id);
+    abort.addEventListener("click", () => {
+      this.aborting.add(request.request_id);
+      abort.disabled = true;
+      abort.textContent = "Aborting…";
+      this.onAbort(request.request_id);
+    });
+    actions.append(abort);
+    tr.append(actions);
+    return tr;
+  }
+
+  /** The row's name, size and block-table cells for this update, before its (kept) actions cell. */
+  fill(tr, request, blocks, blockSize) {
     const name = el("td", "req-id");
     const swatch = el("span", "swatch");
     swatch.style.background = requestColor(request.request_id);
@@ -109,19 +142,8 @@ export class RequestTable {
     });
     table.append(chips);
 
-    const actions = el("td", "req-actions");
-    const abort = el("button", "btn btn-small", this.aborting.has(request.request_id) ? "Aborting…" : "Abort");
-    abort.type = "button";
-    abort.disabled = this.aborting.has(request.request_id);
-    abort.addEventListener("click", () => {
-      this.aborting.add(request.request_id);
-      abort.disabled = true;
-      abort.textContent = "Aborting…";
-      this.onAbort(request.request_id);
-    });
-    actions.append(abort);
-
-    tr.append(name, sizes, table, actions);
-    return tr;
+    const actions = tr.querySelector(".req-actions");  // never detached: a press on its button must stay on the page
+    while (tr.firstChild !== actions) tr.firstChild.remove();
+    actions.before(name, sizes, table);
   }
 }

@@ -340,8 +340,18 @@ def test_memory_view_is_staff_only_and_follows_a_generation(server, browser, pag
         timeout=60_000,
     )
 
+    # The row stays the same element while its cells follow the block map, so the button a user presses does
+    # not leave the page under the pointer (rebuilt rows lost clicks).
+    abort = row.locator("button", has_text="Abort").element_handle()
+    shown = row.locator(".req-size span").first.inner_text()
+    page.wait_for_function(
+        "(shown) => document.querySelector('.worker .requests tbody tr .req-size span').textContent !== shown",
+        arg=shown, timeout=30_000,
+    )
+    assert abort.evaluate("button => button.isConnected")
+
     # Abort from the memory view: the chat's reply ends as cancelled and the blocks are freed.
-    row.locator("button", has_text="Abort").click()
+    abort.click()
     chat.wait_for_function("() => [...document.querySelectorAll('.msg-assistant')].pop().dataset.state === 'done'",
                            timeout=15_000)
     assert chat.locator('.msg-assistant [data-stat="finish_reason"] .stat-value').inner_text() == "abort"
