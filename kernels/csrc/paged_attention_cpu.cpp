@@ -22,8 +22,8 @@
 // one head's 1/kv_heads-wide strips at a time); with few, each head is its own item, so the threads still share a
 // short batch. Softmax is online (running max and sum per row), accumulated in float32. Items are sorted by cost
 // (rows x context) and pulled from an atomic counter by torch's intra-op threads, so long prefills do not leave a
-// thread idle at the end. Where the OS grants AMX, bfloat16 items of up to 16 rows per KV head (decode) run on
-// tiles instead (attend_item_tiles).
+// thread idle at the end. Where the OS grants AMX, bfloat16 items run on tiles instead: those of up to 16 rows per
+// KV head (decode) in attend_item_tiles, the others (prompts, however long) in attend_rows_tiles.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -447,6 +447,11 @@ struct AttentionTiles {  // AMX palette 1; tile numbers as used in attend_item_t
 // 32c..32c+31 (dims 8L..8L+3 of lane L), tile 2c+1 the high halves.
 inline int64_t tile_dim(int64_t tile, int64_t col) { return 32 * (tile / 2) + 8 * (col / 4) + 4 * (tile % 2) + col % 4; }
 
+// 2^f for f in [-0.5, 0.5]: degree-5 coefficients fitted for relative error, highest first (cpu_math.h's
+// EXP2_FRACTION is the [0, 1) fit that the scalar and AVX2 paths share).
+constexpr float EXP2_CENTRED[] = {1.327646555637295e-3f, 9.675541367741063e-3f, 5.550713294140059e-2f,
+                                  2.402211972356164e-1f, 6.931469670516625e-1f, 1.000000071654601f};
+
 // exp((x - max) * scale) for a register of scores x, as 2^y with y = x * a + b (a = scale * log2 e, b = -max * a)
 // clamped to [-126, 0]: 2^round(y) times a degree-5 polynomial on [-0.5, 0.5] (relative error 7.5e-8), in FMAs.
 // Half the instructions of vexp2_bounded's Horner steps on [0, 1), and the softmax's exponentials were ~40% of a
@@ -454,22 +459,27 @@ inline int64_t tile_dim(int64_t tile, int64_t col) { return 32 * (tile / 2) + 8 
 inline __m512 exp2_fma(__m512 x, __m512 a, __m512 b) {
   const __m512 y = _mm512_max_ps(_mm512_fmadd_ps(x, a, b), _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(1.327646555637295e-3f);
-  for (const float c : {9.675541367741063e-3f, 5.550713294140059e-2f, 2.402211972356164e-1f, 6.931469670516625e-1f,
-                        1.000000071654601f})
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  __m512 p = _mm512_set1_ps(EXP2_CENTRED[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_CENTRED[i]));
   return _mm512_scalef_ps(p, n);
 }
 
-// The permutation that puts PV output tiles 2c and 2c + 1, rounded to bfloat16 side by side (tile 2c in the low
-// 16), back in dim order: dim 32c + d comes from column tile_dim's inverse of it.
-inline __m512i tile_dims_in_order() {
-  static const __m512i index = [] {
+// One row's output: HEAD_DIM float32 sums in the PV accumulators' column order (tile_dim), times `inv`, rounded to
+// bfloat16 and stored in dim order, 32 dims (tiles 2c and 2c + 1 side by side) per permute.
+template <int64_t HEAD_DIM>
+inline void store_output_row(c10::BFloat16* o, const float* sums, float inv) {
+  static const __m512i in_order = [] {  // idx[d]: where dim 32c + d sits among tiles 2c and 2c + 1's 32 values
     alignas(64) int16_t idx[32];
-    for (int d = 0; d < 32; ++d) idx[d] = static_cast<int16_t>(16 * ((d % 8) / 4) + 4 * (d / 8) + d % 4);
+    for (int64_t tile = 0; tile < 2; ++tile)
+      for (int64_t col = 0; col < 16; ++col) idx[tile_dim(tile, col)] = static_cast<int16_t>(16 * tile + col);
     return _mm512_load_si512(idx);
   }();
-  return index;
+  const fvec scale = vset(inv);
+  for (int64_t c = 0; c < HEAD_DIM / 32; ++c) {
+    const float* pair = sums + 32 * c;
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(vmul(vload(pair + 16), scale), vmul(vload(pair), scale));
+    _mm512_storeu_si512(o + 32 * c, _mm512_permutexvar_epi16(in_order, both));
+  }
 }
 
 // 16 registers of 16 floats transposed in place (row i lane j <-> row j lane i).
@@ -643,10 +653,9 @@ void attend_item_tiles(const Item& it, TileScratch& buf, HeadGroup group_shape, 
     for (int64_t lane = 0; lane < lanes; ++lane) {
       const int64_t g = lane / per_head, r = lane % per_head;
       const float inv = sums[lane] > 0.f ? 1.f / sums[lane] : 0.f;  // empty context: zeros, not NaN
-      const float* ar = buf.acc.data() + lane * HEAD_DIM;
-      c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + ((it.kv_begin + first + g) * group + r % group) * o_s1;
-      for (int64_t t = 0; t < DIM_TILES; ++t)
-        for (int64_t col = 0; col < 16; ++col) o[tile_dim(t, col)] = static_cast<c10::BFloat16>(ar[t * 16 + col] * inv);
+      store_output_row<HEAD_DIM>(
+          out + (it.q_begin + r / group) * o_s0 + ((it.kv_begin + first + g) * group + r % group) * o_s1,
+          buf.acc.data() + lane * HEAD_DIM, inv);
     }
   }
 }
@@ -765,13 +774,8 @@ void attend_rows_tiles(const Item& it, RowScratch& buf, const c10::BFloat16* q, 
       vstore(sums, sum);
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = first + i;
-        const fvec inv = vset(sums[i] > 0.f ? 1.f / sums[i] : 0.f);
-        c10::BFloat16* o = out + (it.q_begin + r / group) * o_s0 + (h * group + r % group) * o_s1;
-        for (int64_t c = 0; c < CHUNKS; ++c) {  // tiles 2c and 2c + 1: dims 32c..32c+31, put back in order
-          const float* pair = buf.o.data() + i * HEAD_DIM + c * 32;
-          const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(vmul(vload(pair + 16), inv), vmul(vload(pair), inv));
-          _mm512_storeu_si512(o + 32 * c, _mm512_permutexvar_epi16(tile_dims_in_order(), both));
-        }
+        store_output_row<HEAD_DIM>(out + (it.q_begin + r / group) * o_s0 + (h * group + r % group) * o_s1,
+                                   buf.o.data() + i * HEAD_DIM, sums[i] > 0.f ? 1.f / sums[i] : 0.f);
       }
     }
   }
