@@ -22,6 +22,8 @@ OFFICIAL = {"BASE_IMAGE": "python:3.11-slim", "POSTGRES_IMAGE": "postgres:16-alp
 LOCAL = {"BASE_IMAGE": "paged-playground-base:bookworm", "POSTGRES_IMAGE": "paged-playground-postgres:local",
          "REDIS_IMAGE": "paged-playground-redis:local"}
 PACKAGES = {"dockerd": "docker.io", "docker-compose": "docker-compose", "debootstrap": "debootstrap"}
+DOCKERD_LOG = "/tmp/paged-playground-dockerd.log"
+STALE_PID_FILES = ("/var/run/docker.pid", "/var/run/docker/containerd/containerd.pid")
 
 
 class DockerUnavailable(Exception):
@@ -43,7 +45,7 @@ def ensure_docker() -> str:
     if cli is None:
         raise DockerUnavailable("no docker CLI on PATH (apt-get install docker.io)")
     if not _ok(cli, "info"):
-        raise DockerUnavailable("no Docker daemon answers `docker info` (start dockerd)")
+        raise DockerUnavailable("no Docker daemon answers `docker info` (start dockerd)" + _log_tail())
     if shutil.which("docker-compose") is None:
         raise DockerUnavailable("no docker-compose on PATH (apt-get install docker-compose)")
     return cli
@@ -56,11 +58,30 @@ def _install_and_start() -> None:
         subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, timeout=1200,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     if shutil.which("dockerd") and os.geteuid() == 0 and not _ok("docker", "info"):
-        with open("/tmp/paged-playground-dockerd.log", "ab") as log:
-            subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not _ok("docker", "info", timeout=10) and time.monotonic() < deadline:
+        if subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode != 0:
+            _remove_stale_pid_files()
+        with open(DOCKERD_LOG, "ab") as log:
+            daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not _ok("docker", "info", timeout=10) and time.monotonic() < deadline and daemon.poll() is None:
             time.sleep(1)
+
+
+def _remove_stale_pid_files() -> None:
+    """With no dockerd running, its pid files are left by a daemon that was killed (a session's end kills its
+    background processes). dockerd refuses to start while the pid written there names a live process, and on a
+    machine that has since restarted its programs that pid is often some other process's."""
+    for pid_file in STALE_PID_FILES:
+        Path(pid_file).unlink(missing_ok=True)
+
+
+def _log_tail() -> str:
+    """The end of the log of a dockerd this module started, which says why it is not answering."""
+    try:
+        lines = Path(DOCKERD_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "; dockerd's log ends: " + " | ".join(lines[-5:])
 
 
 def docker_cli() -> str | None:
