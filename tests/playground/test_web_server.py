@@ -1,18 +1,24 @@
 """`manage.py web` (daphne as the playground configures it) in a subprocess, with no GPU worker: oversize
 websocket frames get an answer (an error frame up to twice max_frame_bytes, then close 1009 with a reason,
 never a dropped TCP connection), pages carry a Content-Security-Policy, and DEBUG is off by default (a 404
-lists no routes)."""
+lists no routes), and a client still uploading a refused frame is not reset before it reads its close frame."""
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from urllib.error import HTTPError
 from urllib.request import urlopen
 
 import pytest
 from live_stack import REPO, free_port, wait_for_http
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosedError
+from websockets.protocol import State
 from websockets.sync.client import connect
+from websockets.typing import Origin
+from websockets.uri import parse_uri
 
 pytestmark = pytest.mark.slow
 MAX_FRAME = 64 * 1024
@@ -59,6 +65,29 @@ def test_much_larger_frames_are_closed_with_1009_and_a_reason(web, size):
     received = closed.value.rcvd
     assert received is not None, "the server dropped the connection without a close frame"
     assert received.code == 1009 and "exceeds payload limit" in received.reason
+
+
+def test_a_client_slowly_uploading_a_refused_frame_finishes_and_gets_its_close_frame(web):
+    """10 MB sent over about 2 s (a slow link, or a loaded machine: CI's run of the test above once took over a
+    second). With autobahn's one-second close handshake the server reset the socket mid-upload."""
+    uri = parse_uri(web.replace("http", "ws") + "/ws/chat/")
+    protocol = ClientProtocol(uri, origin=Origin(web))
+    with socket.create_connection((uri.host, uri.port), timeout=10) as sock:
+        protocol.send_request(protocol.connect())
+        sock.sendall(b"".join(protocol.data_to_send()))
+        while protocol.state is not State.OPEN:
+            protocol.receive_data(sock.recv(65536))
+        protocol.send_text(frame_of(10_000_000).encode())
+        upload = b"".join(protocol.data_to_send())
+        chunk = len(upload) // 10 + 1
+        for start in range(0, len(upload), chunk):
+            sock.sendall(upload[start:start + chunk])  # raises ConnectionResetError if the server gave up
+            time.sleep(0.2)
+        while protocol.close_rcvd is None and (data := sock.recv(65536)):
+            protocol.receive_data(data)
+        sock.sendall(b"".join(protocol.data_to_send()))  # our close in reply; autobahn then resets the socket
+    assert protocol.close_rcvd is not None and protocol.close_rcvd.code == 1009
+    assert "exceeds payload limit" in protocol.close_rcvd.reason
 
 
 def test_pages_send_a_content_security_policy_and_debug_is_off(web):

@@ -4,7 +4,10 @@ embedded `manage.py playground`).
 Websocket frames: the consumers answer a frame over `max_frame_bytes` with an error frame (edge.py). Frames
 far larger (over twice that) are refused by autobahn, before they are buffered, with a close frame 1009
 ("message too big") and its reason. autobahn's default, `failByDrop`, would instead drop the TCP connection
-with no close frame at all: the client could not tell why.
+with no close frame at all: the client could not tell why. After that close frame the server reads the rest of
+the refused frame and drops it, for up to CLOSE_HANDSHAKE_S, waiting for the client's close in reply. autobahn's
+default of one second reset clients that were still uploading (10 MB on a loaded machine), and a client whose
+send fails that way may lose the close frame it had already received.
 """
 from collections.abc import Callable
 
@@ -13,6 +16,8 @@ from daphne.server import Server
 from django.conf import settings
 
 from . import shutdown
+
+CLOSE_HANDSHAKE_S = 10.0
 
 
 def hard_frame_cap() -> int:
@@ -26,7 +31,7 @@ def build(host: str, port: int, on_ready: Callable[[], None], proxy_headers: boo
 
     def ready() -> None:
         # The factory exists once run() is called and takes connections only after this returns.
-        server.ws_factory.setProtocolOptions(failByDrop=False)
+        server.ws_factory.setProtocolOptions(failByDrop=False, closeHandshakeTimeout=CLOSE_HANDSHAKE_S)
         shutdown.close_websockets_on_shutdown(server)
         on_ready()
 
