@@ -259,9 +259,10 @@ def test_a_waiting_task_gives_up_when_the_loop_stops():
 
 
 def test_paced_requests_share_the_event_budget_while_many_stream_and_their_ends_are_not_held(bridge):
-    """16 live requests and 40 paced events a second: a paced request's events come 16 / 40 = 0.4 s apart
-    (its text merged meanwhile), after its first token at once; an unpaced one (the API's) keeps the 20 ms
-    interval; each stream's last text leaves as soon as it ends."""
+    """16 live requests and 40 paced events a second: a paced request's events come live / 40 s apart (0.4 s
+    while all 16 stream; its text merged meanwhile), after its first token at once; an unpaced one (the API's)
+    keeps the 20 ms interval; each stream's last text leaves as soon as it ends. On a loaded machine some
+    streams end early, so each gap is held to the live count when it closed."""
     send = Recorder()
     publisher = TokenPublisher(bridge, 0.02, send, paced_events_per_s=40)
     start = time.monotonic()
@@ -271,6 +272,7 @@ def test_paced_requests_share_the_event_budget_while_many_stream_and_their_ends_
                for request_id, source in sources.items()}
     for future in futures.values():
         future.result(timeout=10)
+    ends = [send.messages(request_id)[-1][0] for request_id in sources]
     for request_id, source in sources.items():
         messages = send.messages(request_id)
         assert "".join(c["text"] for c in chunks(messages)) == "".join(f"{i};" for i in range(120))
@@ -279,6 +281,8 @@ def test_paced_requests_share_the_event_budget_while_many_stream_and_their_ends_
         assert times[-1] - source.put_at[-1] < 0.1  # the end is not held
         gaps = [b - a for a, b in zip(times, times[1:-1])]  # between events before the last
         if request_id.startswith("paced"):
-            assert len(messages) <= 6 and min(gaps) >= 0.35, gaps
+            live = [sum(end >= at for end in ends) for at in times[1:-1]]
+            assert live[0] == 16 and len(messages) <= 6, (live, gaps)
+            assert all(gap >= n / 40 - 0.02 for gap, n in zip(gaps, live)), (live, gaps)
         else:
             assert len(messages) >= 30 and max(gaps) < 0.1, gaps
