@@ -5,11 +5,14 @@ middleware, so consumers see `scope["user"]` and `scope["session"]`.
 """
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "playground.settings")
-django_asgi_app = get_asgi_application()  # sets Django up before the imports below touch models
+django.setup(set_prefix=False)  # as get_asgi_application does, before the imports below touch models
 
+from playground.request_threads import PooledThreadsASGIHandler  # noqa: E402
+
+django_asgi_app = PooledThreadsASGIHandler()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
