@@ -1,22 +1,29 @@
 """The embedded mode: daphne and a real Celery worker (its threads pool, in-process) in one process.
 
-Requests still go Celery task -> engine -> channel layer -> websocket, exactly as with separate workers;
-only the transports are in-memory. The worker sends through the web server's event loop, the one loop the
-in-memory channel layer can serve.
+Requests go task -> engine -> channel layer -> websocket as with separate workers, the same task body on the
+same pool's threads; the transports are in-memory, and the worker takes a generation onto its threads itself
+(`EmbeddedWorker.take`, through shared/queueing.py) rather than through the broker and Celery's consumer. The
+worker sends through the web server's event loop, the one loop the in-memory channel layer can serve.
 """
 import asyncio
+import logging
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from daphne.server import twisted_loop
 from django.conf import settings
 
 from playground.celery import app as celery_app
 
-from .worker import runtime
+from .shared import queueing
 from .shared.naming import GPU_QUEUE, worker_queue
 from .web import server as web_server
+from .worker import runtime, tasks
+
+logger = logging.getLogger(__name__)
 
 
 class EmbeddedWorker:
@@ -36,10 +43,36 @@ class EmbeddedWorker:
 
     def start(self) -> None:
         self._thread.start()
+        queueing.take_locally(self.take)
 
     def stop(self) -> None:
+        queueing.take_locally(None)
         self._controller.stop()
         self._thread.join(timeout=10)
+
+    def take(self, request_id: str, task: dict[str, Any]) -> bool:
+        """`run_on_pool` on this worker's Celery pool (None until the worker has started it)."""
+        return run_on_pool(self._controller.pool, request_id, task)
+
+
+def run_on_pool(pool: Any, request_id: str, task: dict[str, Any]) -> bool:
+    """Run the generation task's body on `pool`'s threads; False (Celery takes it) until the pool and the runtime
+    exist, once the pool has stopped, and while this worker passes new work on (draining beside another: the task
+    body would hand it back here)."""
+    if pool is None or not runtime.exists() or runtime.current().passes_on_new_work():
+        return False
+    try:
+        running = pool.executor.submit(tasks.generate.run, request_id, task)
+    except RuntimeError:  # the pool has shut down
+        return False
+    running.add_done_callback(lambda done: _log_failure(request_id, done))
+    return True
+
+
+def _log_failure(request_id: str, done: Future) -> None:
+    """What Celery logs for a task that raised (the runtime answers the client itself)."""
+    if not done.cancelled() and done.exception() is not None:
+        logger.error("generation %s failed", request_id, exc_info=done.exception())
 
 
 def serve(host: str, port: int, on_ready: Callable[[], None]) -> None:

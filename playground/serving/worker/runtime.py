@@ -340,6 +340,11 @@ def use_event_loop(loop: asyncio.AbstractEventLoop) -> None:
     _shared_loop = loop
 
 
+def exists() -> bool:
+    """Whether this process runs a GPU worker runtime (`current` returns it)."""
+    return _runtime is not None
+
+
 def current() -> WorkerRuntime:
     if _runtime is None:
         raise RuntimeError("no GPU worker runtime in this process: run tasks in `celery -A playground worker`")
