@@ -1,5 +1,6 @@
-"""`python manage.py playground`: one process, no Redis, no Docker; the same Celery -> engine -> channel
-layer -> websocket path, with in-memory transports and the real model."""
+"""`python manage.py playground`: one process, no Redis, no Docker; the same task -> engine -> channel layer ->
+websocket path (the in-process worker takes each generation onto its task threads itself), with in-memory
+transports and the real model."""
 import json
 
 import pytest

@@ -8,6 +8,8 @@ Here every put is counted in `ARRIVALS` and a consumer with nothing to take wait
 no longer than `polling_interval` (a put on a queue it does not consume wakes it for nothing, once).
 
 Messages pass between the threads of one process only, as with `memory://`; the distributed stack uses Redis.
+Since the embedded worker takes generations onto its task threads itself (playground/serving/embedded.py), the
+broker carries what the worker declines: a request sent while it starts, or handed back while it drains.
 """
 from __future__ import annotations
 
