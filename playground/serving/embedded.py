@@ -22,6 +22,7 @@ from .shared import queueing
 from .shared.naming import GPU_QUEUE, worker_queue
 from .web import server as web_server
 from .worker import runtime, tasks
+from .worker.pool import TaskPool
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,14 @@ class EmbeddedWorker:
         return run_on_pool(self._controller.pool, request_id, task)
 
 
-def run_on_pool(pool: Any, request_id: str, task: dict[str, Any]) -> bool:
+def run_on_pool(pool: TaskPool | None, request_id: str, task: dict[str, Any]) -> bool:
     """Run the generation task's body on `pool`'s threads; False (Celery takes it) until the pool and the runtime
     exist, once the pool has stopped, and while this worker passes new work on (draining beside another: the task
     body would hand it back here)."""
     if pool is None or not runtime.exists() or runtime.current().passes_on_new_work():
         return False
     try:
-        running = pool.executor.submit(tasks.generate.run, request_id, task)
+        running = pool.run_now(tasks.generate.run, request_id, task)
     except RuntimeError:  # the pool has shut down
         return False
     running.add_done_callback(lambda done: _log_failure(request_id, done))

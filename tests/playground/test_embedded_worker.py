@@ -28,14 +28,14 @@ def with_runtime(monkeypatch, passes_on: bool) -> None:
 def test_the_task_body_runs_on_the_pool_s_threads(ran, monkeypatch):
     with_runtime(monkeypatch, passes_on=False)
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as executor:
-        assert run_on_pool(SimpleNamespace(executor=executor), "r1", {"kind": "generate"}) is True
+        assert run_on_pool(SimpleNamespace(run_now=executor.submit), "r1", {"kind": "generate"}) is True
     assert ran == [("r1", {"kind": "generate"}, "pool_0")]
 
 
 def test_before_the_pool_or_the_runtime_exists_celery_takes_it(ran, monkeypatch):
     monkeypatch.setattr(runtime, "_runtime", None)
     with ThreadPoolExecutor(1) as executor:
-        assert run_on_pool(SimpleNamespace(executor=executor), "r1", {}) is False  # no runtime yet
+        assert run_on_pool(SimpleNamespace(run_now=executor.submit), "r1", {}) is False  # no runtime yet
     with_runtime(monkeypatch, passes_on=False)
     assert run_on_pool(None, "r1", {}) is False  # no pool yet
     assert ran == []
@@ -45,10 +45,10 @@ def test_a_worker_passing_new_work_on_or_stopped_leaves_it_to_celery(ran, monkey
     """Draining beside another ready worker: the task body would hand the task back, and back here."""
     executor = ThreadPoolExecutor(1)
     with_runtime(monkeypatch, passes_on=True)
-    assert run_on_pool(SimpleNamespace(executor=executor), "r1", {}) is False
+    assert run_on_pool(SimpleNamespace(run_now=executor.submit), "r1", {}) is False
     with_runtime(monkeypatch, passes_on=False)
     executor.shutdown()
-    assert run_on_pool(SimpleNamespace(executor=executor), "r2", {}) is False  # the pool stopped
+    assert run_on_pool(SimpleNamespace(run_now=executor.submit), "r2", {}) is False  # the pool stopped
     assert ran == []
 
 
@@ -60,5 +60,5 @@ def test_a_task_body_that_raises_is_logged_with_its_request(monkeypatch, caplog)
     with_runtime(monkeypatch, passes_on=False)
     with caplog.at_level(logging.ERROR, logger="playground.serving.embedded"):
         with ThreadPoolExecutor(1) as executor:
-            assert run_on_pool(SimpleNamespace(executor=executor), "r1", {}) is True
+            assert run_on_pool(SimpleNamespace(run_now=executor.submit), "r1", {}) is True
     assert "generation r1 failed" in caplog.text and "names no channel to reply to" in caplog.text

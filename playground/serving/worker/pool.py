@@ -11,6 +11,9 @@ Started up front, a burst's tasks find their threads waiting.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from celery.concurrency.thread import TaskPool as ThreadsPool
 
@@ -23,3 +26,8 @@ class TaskPool(ThreadsPool):
         started = threading.Barrier(self.limit)
         for _ in range(self.limit):  # each waits for the others, so none is idle when the next is submitted
             self.executor.submit(started.wait, START_TIMEOUT_S)
+
+    def run_now(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run `fn(*args)` on the pool's threads, not through Celery's consumer (the embedded worker taking a
+        generation itself, playground/serving/embedded.py); raises RuntimeError once the pool has stopped."""
+        return self.executor.submit(fn, *args)
