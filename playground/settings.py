@@ -126,9 +126,8 @@ else:
 
 # --- Celery (read by playground/celery.py with the CELERY_ prefix) ------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
-# Embedded: kombu's in-memory transport whose consumer is woken by each task put (serving/shared/memory_broker.py);
-# polling_interval bounds its wait (a slot freed by a finished task wakes nobody).
-CELERY_BROKER_TRANSPORT = None if REDIS_URL else "playground.serving.shared.memory_broker:Transport"
+# The in-memory transport polls. Embedded, the in-process worker takes generations itself (serving/embedded.py)
+# and the broker carries only what it declines (starting, draining), so a 10 ms look is soon enough.
 CELERY_BROKER_TRANSPORT_OPTIONS = {} if REDIS_URL else {"polling_interval": 0.01}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
