@@ -12,7 +12,7 @@ send fails that way may lose the close frame it had already received.
 from collections.abc import Callable
 
 from daphne.endpoints import build_endpoint_description_strings
-from daphne.server import Server
+from daphne.server import Server, twisted_loop
 from django.conf import settings
 
 from . import shutdown
@@ -25,6 +25,13 @@ def hard_frame_cap() -> int:
     return settings.PLAYGROUND_LIMITS["max_frame_bytes"] * 2
 
 
+class PlaygroundServer(Server):
+    def run(self) -> None:
+        """Serve until the reactor stops, then unwind the tasks it left (shutdown.end_leftover_tasks)."""
+        super().run()
+        shutdown.end_leftover_tasks(twisted_loop)
+
+
 def build(host: str, port: int, on_ready: Callable[[], None], proxy_headers: bool = False) -> Server:
     """A daphne server for the playground's ASGI application; run it with `.run()` (blocks)."""
     from playground.asgi import application
@@ -35,7 +42,7 @@ def build(host: str, port: int, on_ready: Callable[[], None], proxy_headers: boo
         shutdown.close_websockets_on_shutdown(server)
         on_ready()
 
-    server = Server(
+    server = PlaygroundServer(
         application,
         endpoints=build_endpoint_description_strings(host=host, port=port),
         ready_callable=ready,
