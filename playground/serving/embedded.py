@@ -15,6 +15,7 @@ from typing import Any
 
 from daphne.server import twisted_loop
 from django.conf import settings
+from twisted.internet import reactor, threads  # daphne.server, imported first, installed the asyncio reactor
 
 from playground.celery import app as celery_app
 
@@ -41,13 +42,24 @@ class EmbeddedWorker:
             without_gossip=True,
         )
         self._thread = threading.Thread(target=self._controller.start, name="celery-worker", daemon=True)
+        self._stopped = False
 
     def start(self) -> None:
         self._thread.start()
         queueing.take_locally(self.take)
 
     def stop(self) -> None:
+        """Stop taking work, cut what is still generating, and stop the worker (blocking; idempotent).
+
+        Called while the server shuts down, its loop still running: the server's shutdown has closed every
+        client, so the requests get no drain time, and their last events still go out through the loop.
+        Stopped after the loop instead, each generation waited out its sends' timeouts (~12 s in all)."""
+        if self._stopped:
+            return
+        self._stopped = True
         queueing.take_locally(None)
+        if runtime.exists():
+            runtime.current().drain.begin(seconds=0)
         self._controller.stop()
         self._thread.join(timeout=10)
 
@@ -81,14 +93,13 @@ def serve(host: str, port: int, on_ready: Callable[[], None]) -> None:
     embedded_worker = EmbeddedWorker(twisted_loop)
     server = web_server.build(host, port, on_ready)
     embedded_worker.start()
+    reactor.addSystemEventTrigger("before", "shutdown", threads.deferToThread, embedded_worker.stop)
     try:
         server.run()
     finally:
-        embedded_worker.stop()
+        embedded_worker.stop()  # when the server failed before its shutdown
 
 
 def stop_serving() -> None:
     """Stop `serve` from any thread."""
-    from twisted.internet import reactor
-
     reactor.callFromThread(reactor.stop)

@@ -33,9 +33,13 @@ class Drain:
         self._lock = threading.Lock()
         self._cut: set[str] = set()
 
-    def begin(self) -> None:
+    def begin(self, seconds: float | None = None) -> None:
+        """Start draining; `seconds`, when given, replaces the worker's drain time (the embedded server gives 0:
+        its shutdown has closed every client)."""
         if self.started.is_set():
             return
+        if seconds is not None:
+            self.seconds = seconds  # also what the cut requests' error says they had
         self.started.set()
         threading.Thread(target=self._run, name="worker-drain", daemon=True).start()
 
