@@ -41,13 +41,14 @@ def test_sigterm_closes_every_socket_with_1001_and_a_reason(tmp_path):
     process = start_web(tmp_path, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        sockets = [connect(f"ws://127.0.0.1:{port}/ws/chat/", origin=base, proxy=None) for _ in range(2)]
-        process.send_signal(signal.SIGTERM)
-        for ws in sockets:
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.recv(timeout=10)
-            assert closed.value.rcvd is not None, "the connection dropped without a close frame"
-            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "server restarting")
+        with (connect(f"ws://127.0.0.1:{port}/ws/chat/", origin=base, proxy=None) as first,
+              connect(f"ws://127.0.0.1:{port}/ws/chat/", origin=base, proxy=None) as second):
+            process.send_signal(signal.SIGTERM)
+            for ws in (first, second):
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(timeout=10)
+                assert closed.value.rcvd is not None, "the connection dropped without a close frame"
+                assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1001, "server restarting")
         assert process.wait(15) == 0
     finally:
         if process.poll() is None:
