@@ -46,8 +46,11 @@ def test_stopped_mid_reply_it_cuts_the_generation_and_exits_at_once(tmp_path):
         request = Request(f"{server.base_url}/v1/chat/completions", json.dumps(body).encode(),
                           {"Content-Type": "application/json"})
         with urlopen(request, timeout=60) as stream:
-            while b"delta" not in stream.readline():
-                pass
+            for line in stream:
+                if b"delta" in line:
+                    break
+            else:
+                pytest.fail("the stream ended before its first text")
             started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
             rest = stream.read().decode()
