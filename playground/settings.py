@@ -127,8 +127,9 @@ else:
 # --- Celery (read by playground/celery.py with the CELERY_ prefix) ------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 # The in-memory transport polls. Embedded, the in-process worker takes generations itself (serving/embedded.py)
-# and the broker carries only what it declines (starting, draining), so a 10 ms look is soon enough.
-CELERY_BROKER_TRANSPORT_OPTIONS = {} if REDIS_URL else {"polling_interval": 0.01}
+# and the broker carries only what it declines (while the worker starts or stops), so a look every half second
+# is soon enough; at 10 ms the looks alone took ~0.2 s of CPU from the engine's cores per 15 s of serving.
+CELERY_BROKER_TRANSPORT_OPTIONS = {} if REDIS_URL else {"polling_interval": 0.5}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "gpu"
@@ -232,8 +233,9 @@ PLAYGROUND_LAB = {
 PLAYGROUND_LAB_REPLY_TIMEOUT_S = 30.0  # a lab page gets an error when its worker has not answered by then
 PLAYGROUND_COALESCE_MS = env_int("PLAYGROUND_COALESCE_MS", 30, minimum=0)
 # The chat page's text events (websocket frames) a worker sends per second in all while many stream; 0: one per
-# COALESCE_MS each (serving/worker/coalesce.py).
-PLAYGROUND_WS_FRAMES_PER_S = env_int("PLAYGROUND_WS_FRAMES_PER_S", 250, minimum=0)
+# COALESCE_MS each (serving/worker/coalesce.py). Each frame costs the web side ~0.2-0.3 ms of a core, so this is
+# a CPU budget: 125 a second is ~3-4% of one core, taken from the engine's on the embedded stack.
+PLAYGROUND_WS_FRAMES_PER_S = env_int("PLAYGROUND_WS_FRAMES_PER_S", 125, minimum=0)
 PLAYGROUND_HEARTBEAT_INTERVAL = 1.0  # a worker refreshes its registry entry this often
 # ...and is considered gone when it has not for this long (raise it on a CPU host so loaded that a worker's
 # heartbeat thread can starve behind its engine for seconds).

@@ -16,11 +16,12 @@ stream at once, and through Redis each message costs both processes a round trip
 
 A paced request (the chat page's, `Job.paced`) waits longer between events while many stream: the worker's
 paced events share `PLAYGROUND_WS_FRAMES_PER_S`, so its interval is the number of live requests over that budget
-when that is longer (64 streams at 250 a second: 256 ms). Each event is a websocket frame on the web side, ~0.15
-ms of Channels, daphne and the socket on the event loop; on the embedded stack that time comes out of the
-engine's cores, and 64 chats at one frame per ~140 ms step each gave up 5-15% of the engine's rate (`python -m
-bench.serving`) while each got a token per step anyway. Up to 7 streams (250 x 30 ms) nothing changes; the first
-token and the last text are never held; API streams (vLLM's clients time every token) are not paced.
+when that is longer (64 streams at 125 a second: 512 ms). Each event is a websocket frame on the web side,
+0.15-0.3 ms of Channels, daphne and the socket's send on the event loop; on the embedded stack that time comes
+out of the engine's cores, and 64 chats at one frame per ~140 ms step each gave up 5-15% of the engine's rate
+(`python -m bench.serving`) while each got a token per step anyway. Up to 3 streams (125 x 30 ms) nothing
+changes; the first token and the last text are never held; API streams (vLLM's clients time every token) are not
+paced.
 
 The streams wake the publisher (push, not polling): each stream's `on_put` schedules one wake-up on the
 event loop, and a wake-up already pending is not scheduled again, so a step that fills a hundred streams
