@@ -2,11 +2,12 @@
 
 Sync functions: the consumer calls them through `database_sync_to_async`.
 """
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from playground.serving.web.edge import InvalidInput
@@ -180,9 +181,24 @@ def save_replies(replies: list[Reply]) -> list[Message | None]:
         touched = {conversations[r.conversation_id] for r, m in zip(replies, messages) if m is not None}
         for conversation in touched:
             conversation.leaf = leaves[conversation.id]
-            conversation.updated_at = now  # bulk_update leaves auto_now fields alone
-        Conversation.objects.bulk_update(touched, ["leaf", "last_worker", "updated_at"])
+            conversation.updated_at = now
+        _update_conversations(touched, ["leaf", "last_worker", "updated_at"])
     return messages
+
+
+def _update_conversations(conversations: Iterable[Conversation], names: list[str]) -> None:
+    """Write the fields `names` of each conversation: one UPDATE statement run per row (`executemany`). Every
+    `done` of a burst waits for its batch, and Django's bulk_update, a CASE WHEN per row and field, took ~35 ms
+    of the database thread's CPU for 64 conversations against ~2 here (an ORM update per row: ~15)."""
+    meta, quote = Conversation._meta, connection.ops.quote_name
+    fields = [meta.get_field(name) for name in names]
+    sql = (f"UPDATE {quote(meta.db_table)} SET {', '.join(f'{quote(f.column)} = %s' for f in fields)} "
+           f"WHERE {quote(meta.pk.column)} = %s")
+    rows = [[f.get_db_prep_save(getattr(c, f.attname), connection) for f in fields]
+            + [meta.pk.get_db_prep_value(c.pk, connection)] for c in conversations]
+    if rows:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, rows)
 
 
 def active_path(conversation: Conversation) -> list[Message]:

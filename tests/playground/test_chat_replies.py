@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from playground.chat import replies, store
 from playground.chat.models import Conversation, Message
@@ -30,6 +31,7 @@ def test_a_burst_of_replies_is_stored_in_a_fixed_number_of_queries_each_under_it
         store.save_replies([store.Reply(conversations[0].id, "r0", done("a0"), "w1", conversations[0].leaf_id)])
     burst = [store.Reply(c.id, f"r{i}", done(f"a{i}", n=2 if i == 3 else 1), f"w{i}", c.leaf_id)
              for i, c in enumerate(conversations[1:], start=1)]
+    written_after = timezone.now()
     with CaptureQueriesContext(connection) as five:
         saved = store.save_replies(burst)
     assert len(five) == len(one)
@@ -37,7 +39,7 @@ def test_a_burst_of_replies_is_stored_in_a_fixed_number_of_queries_each_under_it
     for i, (conversation, message) in enumerate(zip(conversations[1:], saved), start=1):
         conversation.refresh_from_db()
         assert message.pk is not None and conversation.leaf_id == message.pk
-        assert conversation.last_worker == f"w{i}"
+        assert conversation.last_worker == f"w{i}" and conversation.updated_at >= written_after
         question = Message.objects.get(conversation=conversation, role="user")
         assert (message.parent_id, message.position, message.role) == (question.pk, question.position + 1, "assistant")
         assert (message.content, message.request_id, message.finish_reason) == (f"a{i}", f"r{i}", "length")
