@@ -68,8 +68,17 @@ SQLITE_OPTIONS = {"init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=N
 
 
 def _sqlite(name: str) -> dict:
-    """A DATABASES entry for the SQLite file `name`, with its own copy of SQLITE_OPTIONS."""
-    return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": dict(SQLITE_OPTIONS)}
+    """A DATABASES entry for the SQLite file `name`, with its own copy of SQLITE_OPTIONS, its connections kept.
+
+    Kept (CONN_MAX_AGE None) because a connection to a local file costs its opener ~1.5 ms of CPU (Django's
+    functions registered, the PRAGMAs above run), as much again as a new chat's transcript write; a burst of 64
+    chats paid it 64 times on the one database thread while their requests were on their way to the engine.
+    Django's caution about persistent connections under ASGI is about connections to a server, opened by
+    threads that end: here the database thread lives as long as the process, a request thread kept
+    (playground/request_threads.py) keeps its connection, Django still closes an unusable one at each request's
+    end, and a thread that ends closes its own with it."""
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": dict(SQLITE_OPTIONS),
+            "CONN_MAX_AGE": None}
 
 
 def database_from_url(url: str | None, default_sqlite_path: Path) -> dict:

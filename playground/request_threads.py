@@ -6,7 +6,8 @@ joined by yet another thread after the response. Under load, with the engine's t
 those threads took ~6 ms of each streamed API request's time to first token (`python -m bench.request_timeline`:
 daphne to the view 9-11 ms, 3-4 ms with the receivers gone). Here a finished request's executor waits, idle, for
 the next request. One request still has its thread to itself, and the signals still run there, so that
-thread's database connections are closed at each request's end as Django closes a WSGI worker thread's.
+thread's database connections are closed at each request's end as Django closes a WSGI worker thread's, unless
+CONN_MAX_AGE keeps them (SQLite's, playground/envconfig.py: then the thread's next request reuses its connection).
 """
 from __future__ import annotations
 

@@ -83,11 +83,13 @@ class Recorder:
 
     def __init__(self, fail_on=None):
         self.batches = []
+        self.started = threading.Event()  # the first write has begun (on the database thread)
         self.go = threading.Event()
         self.fail_on = fail_on
 
     def __call__(self, batch):
         if not self.batches:
+            self.started.set()
             self.go.wait(10)
         self.batches.append([reply.request_id for reply in batch])
         if self.fail_on in self.batches[-1]:
@@ -99,13 +101,14 @@ def reply(request_id):
     return store.Reply(None, request_id, done("x"), "w1")
 
 
+@pytest.mark.django_db  # no query, but database_sync_to_async checks the thread's kept connection
 def test_replies_that_arrive_while_a_write_runs_go_together_in_the_next(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def burst():
         first = asyncio.ensure_future(replies.save(reply("r0")))
-        await asyncio.sleep(0.05)  # r0's write has started and waits on `go`
+        await asyncio.to_thread(recorder.started.wait, 10)  # r0's write has started and waits on `go`
         rest = [asyncio.ensure_future(replies.save(reply(f"r{i}"))) for i in range(1, 6)]
         await asyncio.sleep(0.05)
         recorder.go.set()
@@ -115,13 +118,14 @@ def test_replies_that_arrive_while_a_write_runs_go_together_in_the_next(monkeypa
     assert recorder.batches == [["r0"], ["r1", "r2", "r3", "r4", "r5"]]
 
 
+@pytest.mark.django_db  # no query, but database_sync_to_async checks the thread's kept connection
 def test_a_failed_batch_raises_to_its_callers_and_the_next_batch_is_still_written(monkeypatch):
     recorder = Recorder(fail_on="r1")
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def burst():
         first = asyncio.ensure_future(replies.save(reply("r0")))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(recorder.started.wait, 10)
         failing = [asyncio.ensure_future(replies.save(reply(f"r{i}"))) for i in (1, 2)]
         recorder.go.set()
         outcomes = await asyncio.gather(first, *failing, return_exceptions=True)
@@ -135,13 +139,14 @@ def test_a_failed_batch_raises_to_its_callers_and_the_next_batch_is_still_writte
     assert recorder.batches == [["r0"], ["r1", "r2"], ["r3"]]
 
 
+@pytest.mark.django_db  # no query, but database_sync_to_async checks the thread's kept connection
 def test_a_caller_that_goes_away_still_has_its_reply_written(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def leave():
         first = asyncio.ensure_future(replies.save(reply("r0")))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(recorder.started.wait, 10)
         first.cancel()  # the socket closed while its reply was being stored
         recorder.go.set()
         with pytest.raises(asyncio.CancelledError):

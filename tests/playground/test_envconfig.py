@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_default_database_is_sqlite(tmp_path):
     database = database_from_url(None, tmp_path / "x.db")
     assert (database["ENGINE"], database["NAME"]) == ("django.db.backends.sqlite3", str(tmp_path / "x.db"))
+    assert database["CONN_MAX_AGE"] is None  # a local file's connections are kept (envconfig._sqlite says why)
 
 
 @pytest.mark.parametrize("url", [None, "sqlite:///{path}"])
@@ -47,6 +48,7 @@ def test_postgres_url():
     assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
         "play", "bob", "p@ss", "db.example", "5433",
     )
+    assert "CONN_MAX_AGE" not in db  # Django's 0: a server's connections end with each request (Django's ASGI advice)
 
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host/"])

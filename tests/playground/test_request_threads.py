@@ -1,6 +1,6 @@
 """playground/request_threads.py: an HTTP request's thread-sensitive work runs on a thread kept for the next
 request, one request at a time per thread, with Django's request signals still closing that thread's database
-connections when a request ends."""
+connections when a request ends, unless CONN_MAX_AGE keeps them."""
 from __future__ import annotations
 
 import asyncio
@@ -105,11 +105,16 @@ def test_requests_at_the_same_time_have_threads_of_their_own():
 
 @pytest.mark.django_db(transaction=True)
 @override_settings(ROOT_URLCONF=__name__)
-def test_the_kept_thread_s_database_connection_is_closed_when_each_request_ends():
+@pytest.mark.parametrize(("max_age", "kept"), [(0, False), (None, True)])
+def test_the_kept_thread_s_database_connection_is_closed_or_kept_as_conn_max_age_says(monkeypatch, max_age, kept):
+    """CONN_MAX_AGE 0, a database server's: the request signals close the connection at each request's end, on
+    that thread. None, SQLite's (playground/envconfig.py): the thread's next request reuses it."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", max_age)
+
     async def twice() -> list[dict]:
         handler = PooledThreadsASGIHandler()
         return [await get(handler, "/query") for _ in range(2)]
 
     first, second = asyncio.run(twice())
     assert first["thread"] == second["thread"]
-    assert second["was_open"] is False  # the request signals ran close_old_connections on that thread
+    assert second["was_open"] is kept
