@@ -10,6 +10,7 @@ from tqdm import tqdm
 from inference.beam_search import BeamSearchParams
 from inference.config import EngineArgs
 from inference.engine import LLMEngine
+from inference.input_processor import encode_text
 from inference.lora import LoRARequest
 from inference.outputs import RequestOutput
 from inference.sampling_params import SamplingParams
@@ -169,8 +170,7 @@ def encode_chat(tokenizer, messages: Messages, add_generation_prompt: bool = Tru
         raise ValueError("this model has no chat template; use generate() with a plain prompt")
     if add_generation_prompt and continue_final_message:
         raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        continue_final_message=continue_final_message, **template_kwargs)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
+    # Rendered, then tokenised as apply_chat_template(tokenize=True) does (no special tokens added).
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                         continue_final_message=continue_final_message, **template_kwargs)
+    return encode_text(tokenizer, text)

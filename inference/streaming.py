@@ -43,7 +43,7 @@ from inference.block_manager import IntegrityError
 from inference.config import EngineArgs
 from inference.detokenizer import Detokenizer
 from inference.engine import LLMEngine
-from inference.input_processor import load_tokenizer
+from inference.input_processor import encode_text, load_tokenizer
 from inference.llm import encode_chat
 from inference.lora import LoRARequest
 from inference.model_loader import resolve_model
@@ -187,7 +187,7 @@ class StreamingEngine:
             elif isinstance(prompt, list):
                 prompt = {"prompt_token_ids": prompt}
             elif isinstance(prompt, str):
-                prompt = {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=False)}
+                prompt = {"prompt": prompt, "prompt_token_ids": encode_text(self.tokenizer, prompt)}
             else:
                 raise ValueError("give a prompt (text or token ids) or messages")
         request = self.engine.make_request(request_id, prompt, sampling_params, cache_salt=cache_salt,
@@ -245,7 +245,7 @@ class StreamingEngine:
         """A plain prompt's token ids, as `add_request` tokenises it (with `add_special_tokens`, as the
         tokenizer adds them: vLLM's /tokenize default)."""
         with self._tokenizer_lock:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return encode_text(self.tokenizer, text, add_special_tokens)
 
     # --- loop thread ----------------------------------------------------------------------------
 
