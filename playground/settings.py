@@ -118,7 +118,9 @@ if REDIS_URL:
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
         }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # One connection pool per process, not per request (playground/cache_pool.py).
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "OPTIONS": {"pool_class": "playground.cache_pool.SharedConnectionPool"}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "playground.serving.shared.memory_layer.EmbeddedChannelLayer",
                                   "CONFIG": {"capacity": 1000}}}
