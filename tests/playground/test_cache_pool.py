@@ -12,7 +12,7 @@ from playground.cache_pool import SharedConnectionPool
 # Twenty requests' worth of cache use, each in a context of its own as Django's ASGI handler runs a request (and
 # its sync_to_async calls): the connections this process then holds to the database, and what it read back.
 REQUESTS = """
-import asyncio, django, redis
+import asyncio, os, django, redis
 django.setup()
 from asgiref.sync import sync_to_async
 from django.core.cache import cache
@@ -23,7 +23,8 @@ async def request(number):
 
 async def main():
     values = [await asyncio.create_task(request(n)) for n in range(20)]
-    others = [c for c in redis.Redis("HOST", PORT, db=DB).client_list() if c["cmd"] != "client|list"]
+    connections = redis.Redis.from_url(os.environ["REDIS_URL"]).client_list()
+    others = [c for c in connections if c["cmd"] != "client|list"]
     print(values == list(range(20)), len(others))
 
 asyncio.run(main())
@@ -34,10 +35,9 @@ def test_requests_share_the_process_pool_instead_of_opening_a_connection_each():
     db = empty_redis_db()
     client = redis.Redis(REDIS_HOST, REDIS_PORT, db=db)
     try:
-        code = REQUESTS.replace("HOST", REDIS_HOST).replace("PORT", str(REDIS_PORT)).replace("DB", str(db))
         env = {**os.environ, "REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}", "SECRET_KEY": "test-only",
                "DJANGO_SETTINGS_MODULE": "playground.settings"}
-        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", REQUESTS], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=120, check=True)
         read_back, connections = out.stdout.split()
         assert read_back == "True"
