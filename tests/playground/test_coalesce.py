@@ -1,6 +1,7 @@
 """The worker's token publisher: first text at once, then few events per request, nothing lost, `seq`
 contiguous, the future resolved only after the last text went out, one message per web process for the
-requests due together, and a failure confined to its web process's requests."""
+requests due together (the task threads' own events with them), and a failure confined to its web process's
+requests."""
 import queue
 import threading
 import time
@@ -60,7 +61,7 @@ class Recorder:
         self.sent.append((time.monotonic(), channel, message))
 
     def messages(self, request_id: str) -> list[tuple[float, dict]]:
-        """The request's `gen.tokens` events, each with the time its message was sent."""
+        """The request's events, each with the time its message was sent."""
         return [(at, event) for at, _, message in self.sent for event in message["events"]
                 if event["request_id"] == request_id]
 
@@ -191,6 +192,44 @@ def test_the_future_resolves_only_after_the_last_text_was_sent(bridge):
     future.add_done_callback(lambda _: seen_at_end.append("".join(c["text"] for c in chunks(send.messages("r")))))
     future.result(timeout=5)
     assert seen_at_end == ["abc"]
+
+
+def test_task_threads_events_ride_in_one_message_after_each_request_s_last_text(bridge):
+    """`deliver` (a task thread's `gen.done`): events posted while the loop was busy leave together, as one
+    message to their web process, each after its request's text; each caller returns once its event went."""
+    send = Recorder()
+    publisher = TokenPublisher(bridge, 0.05, send)
+    streams = {f"r{n}": publisher.publish(f"r{n}", TimedSource([(0.0, D(0, "x")), (0.01, D(0, "y"))]), WEB)
+               for n in range(8)}
+    assert all(future.result(timeout=5) >= 1 for future in streams.values())
+    returned: list[str] = []
+    bridge.loop.call_soon_threadsafe(time.sleep, 0.2)  # the loop busy while every thread posts
+    threads = [threading.Thread(target=lambda r=r: (publisher.deliver(WEB, {"type": "gen.done", "request_id": r}),
+                                                     returned.append(r))) for r in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert sorted(returned) == sorted(streams)
+    dones = [message for _, _, message in send.sent if any(e["type"] == "gen.done" for e in message["events"])]
+    assert len(dones) == 1 and sorted(e["request_id"] for e in dones[0]["events"]) == sorted(streams)
+    for request_id in streams:
+        events = [event for _, event in send.messages(request_id)]
+        assert [e["type"] for e in events][-1] == "gen.done"
+        assert "".join(c["text"] for e in events[:-1] for c in e["chunks"]) == "xy"
+
+
+def test_a_posted_event_leaves_at_once_and_a_failed_send_reaches_its_poster(bridge):
+    send = Recorder(failing=("specific.web-down!inbox",))
+    publisher = TokenPublisher(bridge, 1.0, send)  # a long interval: the event must not wait for it
+    began = time.monotonic()
+    publisher.deliver(WEB, {"type": "gen.accepted", "request_id": "a", "worker": "w"})
+    assert time.monotonic() - began < 0.5
+    assert [event for _, event in send.messages("a")] == [{"type": "gen.accepted", "request_id": "a", "worker": "w"}]
+    with pytest.raises(ConnectionError):
+        publisher.deliver("specific.web-down!inbox", {"type": "gen.done", "request_id": "b"})
+    publisher.deliver(WEB, {"type": "gen.done", "request_id": "a"})  # the publisher goes on for other channels
+    assert [event["type"] for _, event in send.messages("a")] == ["gen.accepted", "gen.done"]
 
 
 def test_a_failing_send_fails_its_web_process_and_a_failing_stream_its_request(bridge):

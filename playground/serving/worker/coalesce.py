@@ -12,7 +12,12 @@ waiting on it sends `gen.done` after that.
 
 The events due at one wake-up travel as one `gen.batch` message per web process (the request's `reply_to`,
 that process's inbox: serving/web/inbox.py), not one message per request: an engine step fills every
-stream at once, and through Redis each message costs both processes a round trip and a wake-up.
+stream at once, and through Redis each message costs both processes a round trip and a wake-up. The task
+threads' own events (`gen.accepted`, `gen.done`, `gen.error`) are posted to the publisher (`post`) and
+ride in the same messages: a step that ends 64 requests used to send 64 `gen.done` messages, which the web
+process, busy finishing each request, took one at a time, the last ~110 ms after the worker had sent it
+(a distributed 64-chat run, `python -m bench.serving --stack distributed`). A task thread posts its
+`gen.accepted` and submits its request at once: a burst's threads each waited for their own send before.
 
 A paced request (the chat page's, `Job.paced`) waits longer between events while many stream: the worker's
 paced events share `PLAYGROUND_WS_FRAMES_PER_S`, so its interval is the number of live requests over that budget
@@ -122,6 +127,8 @@ class TokenPublisher:
         self.paced_events_per_s = paced_events_per_s
         self._send = send
         self._live: list[_Request] = []  # touched on the loop only
+        # Events posted by task threads, per channel, each with the future its poster waits on (loop only).
+        self._outbox: dict[str, list[tuple[dict[str, Any], concurrent.futures.Future[None]]]] = {}
         self._wake = asyncio.Event()
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
@@ -136,6 +143,25 @@ class TokenPublisher:
         source.on_put = self._notify
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
+
+    def post(self, reply_to: str, event: dict[str, Any]) -> concurrent.futures.Future[None]:
+        """Send `event` to channel `reply_to` at the head of the publisher's next message there (call from any
+        thread); the future resolves once it has gone, or with the send's error. Events posted from one
+        thread keep their order. An event posted before a request is published precedes all its text (a
+        request's `gen.accepted`); one posted after its stream has ended follows it (`gen.done`): the stream's
+        last text has gone by then."""
+        sent: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.bridge.loop.call_soon_threadsafe(self._post, reply_to, event, sent)
+        return sent
+
+    def deliver(self, reply_to: str, event: dict[str, Any]) -> None:
+        """`post`, then wait until the event has gone (blocking: call from a task thread, not the loop).
+        Raises the send's error, or RuntimeError if the loop stops meanwhile."""
+        self._wait(self.post(reply_to, event))
+
+    def _post(self, reply_to: str, event: dict[str, Any], sent: concurrent.futures.Future[None]) -> None:
+        self._outbox.setdefault(reply_to, []).append((event, sent))
+        self._start()
 
     def _notify(self) -> None:
         """A stream has new text (any thread): wake the publisher, unless a wake-up is already on its way.
@@ -152,16 +178,23 @@ class TokenPublisher:
     def stream(self, request_id: str, source: DeltaSource, reply_to: str, paced: bool = False) -> int:
         """`publish`, then wait for the future in the calling thread (a task thread). Raises RuntimeError if the
         loop stops meanwhile (the worker is shutting down), so the task ends instead of holding the shutdown."""
-        finished = self.publish(request_id, source, reply_to, paced)
+        return self._wait(self.publish(request_id, source, reply_to, paced))
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        """The future's result, checking once per LOOP_CHECK_S that the loop still runs."""
         while True:
             try:
-                return finished.result(timeout=LOOP_CHECK_S)
+                return future.result(timeout=LOOP_CHECK_S)
             except concurrent.futures.TimeoutError:
                 if not self.bridge.loop.is_running():
                     raise RuntimeError("the worker's event loop stopped") from None
 
     def _add(self, request: _Request) -> None:
         self._live.append(request)
+        self._start()
+
+    def _start(self) -> None:
+        """Wake the publisher, and start it if it is not running (on the loop)."""
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
@@ -169,22 +202,24 @@ class TokenPublisher:
     async def _run(self) -> None:
         send = self._send or get_channel_layer().send
         loop = asyncio.get_running_loop()
-        while self._live:  # ends when no request is live; the next one starts it again
+        while self._live or self._outbox:  # ends when nothing is live or posted; the next one starts it again
             self._wake.clear()  # before draining: text queued from here on sets it again
             now = loop.time()
-            due: dict[str, list[_Request]] = {}
+            due: dict[str, list[_Request]] = {channel: [] for channel in self._outbox}
             for request in self._live:
                 if self._ready(request, now):
                     due.setdefault(request.reply_to, []).append(request)
-            await asyncio.gather(*(self._flush(channel, requests, send, now) for channel, requests in due.items()))
+            posted, self._outbox = self._outbox, {}
+            await asyncio.gather(*(self._flush(channel, requests, posted.get(channel, []), send, now)
+                                   for channel, requests in due.items()))
             self._live = [r for r in self._live if not r.finished.done()]
-            if self._live:
-                delay = min(self._wait(request, loop.time()) for request in self._live)
+            if self._live and not self._outbox:
+                delay = min(self._sleep(request, loop.time()) for request in self._live)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
 
-    def _wait(self, request: _Request, now: float) -> float:
+    def _sleep(self, request: _Request, now: float) -> float:
         """How long the request lets the publisher sleep without a wake-up: until it may send its held text,
         else one interval (a wake-up comes with new text; the interval only bounds a source that never
         wakes anyone)."""
@@ -210,21 +245,26 @@ class TokenPublisher:
         return request.ended or bool(request.pending) and now - request.last_send >= self._interval(request)
 
     @staticmethod
-    async def _flush(channel: str, requests: list[_Request], send: Send, now: float) -> None:
-        """Send the unsent text of `requests` (all of `channel`) as one message; resolve the futures of those
-        whose stream has ended. A failed send fails every one of them."""
+    async def _flush(channel: str, requests: list[_Request], posted: list[tuple[dict[str, Any], Any]], send: Send,
+                     now: float) -> None:
+        """Send the `posted` events, then the unsent text of `requests` (all of `channel`), as one message;
+        resolve the futures of the posters and of the requests whose stream has ended. A failed send fails
+        every one of them."""
         try:
             sending = [request for request in requests if request.pending]
-            if sending:
-                message = {"type": BATCH, "events": [request.take_event() for request in sending]}
+            events = [event for event, _ in posted] + [request.take_event() for request in sending]
+            if events:
+                message = {"type": BATCH, "events": events}
                 async with asyncio.timeout(SEND_TIMEOUT_S):
                     await once_more(lambda: send(channel, message))
                 for request in sending:
                     request.last_send = now
+            for _, sent in posted:
+                sent.set_result(None)
             for request in requests:
                 if request.ended:
                     request.finished.set_result(request.seq)
         except Exception as exc:
-            for request in requests:
-                if not request.finished.done():
-                    request.finished.set_exception(exc)
+            for future in [sent for _, sent in posted] + [request.finished for request in requests]:
+                if not future.done():
+                    future.set_exception(exc)

@@ -4,13 +4,16 @@ Celery starts it through the `worker_init` signal (CLI workers and the embedded 
 Nothing here blocks Celery: the model loads in its own thread, and tasks wait for it. Each Celery task
 thread serves one request through `WorkerRuntime.serve`: it submits the request and hands the stream to the
 worker's one token publisher (coalesce.py), which sends the coalesced deltas to the request's web process
-from the event loop; once the publisher has sent the last text, the thread sends `gen.done` (or `gen.error`).
+from the event loop; once the publisher has sent the last text, the thread posts `gen.done` (or `gen.error`)
+to the publisher too, which sends it with its next message to that web process.
 
-Messages sent to the channel in the request's `Job.reply_to` (its web process's inbox, serving/web/inbox.py,
-which hands them to the request's lifecycle): `gen.accepted` {request_id, worker}, `gen.batch` {events: [
-`gen.tokens` {request_id, prompt_tokens, chunks: [{index, seq, text, tokens}]}, ...]} (the publisher's text for
-every request of that web process at once), `gen.done` {request_id, worker, outputs, usage, timing} (a tokenizer job's with its answer too), `gen.error` {request_id, message, code}, where `code`
-is "invalid_request" (the engine refused the request), "unavailable" (no engine) or "server_error".
+What the channel in the request's `Job.reply_to` receives (its web process's inbox, serving/web/inbox.py,
+which hands the events to the request's lifecycle): `gen.batch` {events: [...]} messages, each carrying the
+events of that web process's requests due at one wake-up of the publisher: `gen.accepted` {request_id,
+worker}, `gen.tokens` {request_id, prompt_tokens, chunks: [{index, seq, text, tokens}]}, `gen.done`
+{request_id, worker, outputs, usage, timing} (a tokenizer job's with its answer too), `gen.error` {request_id,
+message, code}, where `code` is "invalid_request" (the engine refused the request), "unavailable" (no
+engine) or "server_error". A request's events arrive in the order it sent them.
 """
 from __future__ import annotations
 
@@ -34,13 +37,12 @@ from playground import logs
 from ..shared import registry
 from ..shared.envelope import Job
 from .bridge import LoopBridge
-from .coalesce import SEND_TIMEOUT_S, TokenPublisher
+from .coalesce import TokenPublisher
 from .drain import Drain
 from .engine_service import EngineService, EngineUnavailable
 from .kv_publisher import SnapshotPublisher
 from .lab_host import LabHost
 from ..shared.naming import CONTROL_GROUP, GPU_QUEUE, WORKER_CHANNEL_PREFIX, worker_queue
-from ..shared.retry import once_more
 
 logger = logging.getLogger(__name__)
 
@@ -234,17 +236,16 @@ class WorkerRuntime:
         runs in a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
         if not job.reply_to:
             raise ValueError(f"request {request_id} names no channel to reply to (Job.reply_to)")
-        layer = get_channel_layer()
-
         def send(message: dict[str, Any]) -> None:
-            body = {"request_id": request_id, **message}
-            self.bridge.call(once_more(lambda: layer.send(job.reply_to, body)), SEND_TIMEOUT_S)
+            """With the token publisher's next message to the web process (coalesce.py says why)."""
+            self.tokens.deliver(job.reply_to, {"request_id": request_id, **message})
 
         bound = logs.request_id.set(request_id)  # this task thread's log lines, the engine call's included
         with self._lock:
             self._serving.add(request_id)
         try:
-            send({"type": "gen.accepted", "worker": self.name})
+            # Not waited for: it leads the request's first message (coalesce.py); a failed send fails that one too.
+            self.tokens.post(job.reply_to, {"request_id": request_id, "type": "gen.accepted", "worker": self.name})
             if job.kind == "generate":
                 self._run(request_id, job, send)
             else:
