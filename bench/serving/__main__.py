@@ -10,7 +10,8 @@ text is checked against the engine's own output, and each run is split by the en
 over Redis at `--redis-url`, a database it empties first) with this process's environment, so the worker's engine
 has the same settings as the bare one this process loads, which idles while the stack serves. Delivered texts are
 checked against the same round's bare texts (greedy), and a web run's CPU is counted per process (web, worker,
-Redis); the engine's request times stay in the worker, so there is no split.
+Redis); the engine's request times stay in the worker, so there is no split. Before each web run the worker
+empties its prefix cache, as the bare engine does before each bare run.
 
 Either way it sets Django up itself, as manage.py would, with the project's settings and the user limits lifted
 (one benchmarking client opens every stream). With `--rounds`, bare and web runs alternate which goes first (these
@@ -22,8 +23,11 @@ import argparse
 import gc
 import json
 import os
+import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +135,25 @@ def distributed(args: argparse.Namespace, api_key: str) -> str:
                                log) as (worker_proc, web_proc):
         cpu_pids = {"web": web_proc.pid, "worker": worker_proc.pid,
                     "redis": redis.Redis.from_url(args.redis_url).info("server")["process_id"]}
-        return rounds(args, service, clients(args, api_key, cpu_pids), None)
+        worker_name = f"bench@{socket.gethostname()}"  # the worker's -n, as Celery expands it
+        return rounds(args, service, clients(args, api_key, cpu_pids), None, lambda: empty_worker_cache(worker_name))
+
+
+def empty_worker_cache(worker: str, timeout_s: float = 10.0) -> None:
+    """Have the stack's worker drop its cached blocks (the dashboard's control message) and wait until its
+    registry entry says none are left: every round sends the same prompts, which would otherwise find the last
+    round's blocks in the worker's cache while the bare engine's starts cold."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from playground.serving.shared import kv_feed, registry
+
+    async_to_sync(kv_feed.reset_prefix_cache)(get_channel_layer(), worker)
+    deadline = time.monotonic() + timeout_s
+    while (entry := registry.get(worker)) is None or entry["metrics"].get("num_blocks_cached", 1) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"worker {worker} still reports cached blocks {timeout_s:.0f} s after the reset")
+        time.sleep(0.1)
 
 
 def clients(args: argparse.Namespace, api_key: str, cpu_pids: dict[str, int] | None = None):
@@ -146,9 +168,12 @@ def clients(args: argparse.Namespace, api_key: str, cpu_pids: dict[str, int] | N
                          settings.PLAYGROUND_ENGINE["model"], chats[args.clients:], cpu_pids or {})
 
 
-def rounds(args: argparse.Namespace, service, who, finals: dict[str, Any] | None) -> str:
+def rounds(args: argparse.Namespace, service, who, finals: dict[str, Any] | None,
+           empty_web_cache: Callable[[], None] | None = None) -> str:
     """args.rounds bare/web pairs, alternating which goes first; every delivered text checked, against the
-    engine's own outputs by request id (`finals`) or, without them, the same round's bare texts."""
+    engine's own outputs by request id (`finals`) or, without them, the same round's bare texts. Every run
+    starts with an empty prefix cache: the bare engine's, and before a web run `empty_web_cache`'s engine
+    (the stack's worker; None: the web side serves from `service`'s engine)."""
     from django.conf import settings
 
     from bench.__main__ import machine
@@ -169,6 +194,8 @@ def rounds(args: argparse.Namespace, service, who, finals: dict[str, Any] | None
         runs: dict = {}
         for side in order:
             engine.reset_prefix_cache()  # every run starts cold: the same prompts must not hit the cache
+            if side == "web" and empty_web_cache is not None:
+                empty_web_cache()
             if side == "bare":
                 runs["bare"] = bench.run_bare(service, who.ws_chats + who.api_chats, params)
             else:

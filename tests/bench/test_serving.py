@@ -3,11 +3,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from bench.serving import clients as bench
+from bench.serving.__main__ import empty_worker_cache
+from playground.serving.shared import kv_feed, registry
 from tests.playground.live_stack import ENGINE_ENV, REPO, PrivateRedis, free_port
 
 
@@ -67,6 +71,28 @@ def test_a_run_without_phases_still_reports_its_cpu_by_process():
     lines = bench.report(2, 0, 8, bench.Run(100, 2.0), web, {}, 30).splitlines()
     assert lines[-1] == "web: CPU web 1.00 s, worker 3.50 s, redis 0.25 s"
     assert not any(line.startswith("bare") for line in lines)  # nothing measured, nothing printed
+
+
+def test_a_distributed_web_run_starts_once_the_stack_s_worker_has_emptied_its_cache(monkeypatch):
+    """The worker is asked to drop its cached blocks (the dashboard's control message, for it alone) and the
+    run waits until its registry entry shows none; a worker that never does fails the bench by name."""
+    asked: list[str] = []
+
+    async def reset_prefix_cache(layer, worker):
+        asked.append(worker)
+
+    monkeypatch.setattr(kv_feed, "reset_prefix_cache", reset_prefix_cache)
+    registry.beat({"name": "bench@h", "metrics": {"num_blocks_cached": 5}})
+    returned = threading.Event()
+    waiting = threading.Thread(target=lambda: (empty_worker_cache("bench@h"), returned.set()))
+    waiting.start()
+    time.sleep(0.3)
+    assert asked == ["bench@h"] and not returned.is_set()
+    registry.beat({"name": "bench@h", "metrics": {"num_blocks_cached": 0}})
+    waiting.join(timeout=5)
+    assert returned.is_set()
+    with pytest.raises(RuntimeError, match="worker gone@h still reports cached blocks"):
+        empty_worker_cache("gone@h", timeout_s=0.3)
 
 
 def test_workload_prompts_are_distinct():
