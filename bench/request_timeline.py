@@ -135,11 +135,11 @@ class Timeline:
         engine_service.EngineService.result = engine_times
         flush = coalesce.TokenPublisher._flush
 
-        async def published(channel, requests, send, now):
+        async def published(channel, requests, posted, send, now):
             for request in requests:
                 if request.pending:
                     self.mark(request.request_id, "published")
-            return await flush(channel, requests, send, now)
+            return await flush(channel, requests, posted, send, now)
 
         coalesce.TokenPublisher._flush = staticmethod(published)
         put = lifecycle.Collector.put

@@ -195,22 +195,18 @@ def test_the_future_resolves_only_after_the_last_text_was_sent(bridge):
 
 
 def test_task_threads_events_ride_in_one_message_after_each_request_s_last_text(bridge):
-    """`deliver` (a task thread's `gen.done`): events posted while the loop was busy leave together, as one
-    message to their web process, each after its request's text; each caller returns once its event went."""
+    """`post` (a task thread's `gen.done`): events posted while the loop was busy leave together, as one
+    message to their web process, each after its request's text; each future resolves once its event went."""
     send = Recorder()
     publisher = TokenPublisher(bridge, 0.05, send)
     streams = {f"r{n}": publisher.publish(f"r{n}", TimedSource([(0.0, D(0, "x")), (0.01, D(0, "y"))]), WEB)
                for n in range(8)}
     assert all(future.result(timeout=5) >= 1 for future in streams.values())
-    returned: list[str] = []
-    bridge.loop.call_soon_threadsafe(time.sleep, 0.2)  # the loop busy while every thread posts
-    threads = [threading.Thread(target=lambda r=r: (publisher.deliver(WEB, {"type": "gen.done", "request_id": r}),
-                                                     returned.append(r))) for r in streams]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=5)
-    assert sorted(returned) == sorted(streams)
+    release = threading.Event()
+    bridge.loop.call_soon_threadsafe(release.wait, 5)  # the loop busy while every event is posted
+    sent = [publisher.post(WEB, {"type": "gen.done", "request_id": r}) for r in streams]
+    release.set()
+    assert [future.result(timeout=5) for future in sent] == [None] * len(streams)
     dones = [message for _, _, message in send.sent if any(e["type"] == "gen.done" for e in message["events"])]
     assert len(dones) == 1 and sorted(e["request_id"] for e in dones[0]["events"]) == sorted(streams)
     for request_id in streams:
