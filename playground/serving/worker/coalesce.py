@@ -8,7 +8,7 @@ once (with its text, or an empty text when it has none yet), then at most one `g
 carrying everything that arrived meanwhile, per sample index, numbered by `seq`, with how many tokens that text
 is and the request's prompt length (docs/protocol.md; the API's `continuous_usage_stats` counts with them). When
 a stream ends its last text goes out at once, and only then does the request's future resolve: the task thread
-waiting on it sends `gen.done` after that.
+waiting on it posts `gen.done` after that (below).
 
 The events due at one wake-up travel as one `gen.batch` message per web process (the request's `reply_to`,
 that process's inbox: serving/web/inbox.py), not one message per request: an engine step fills every
