@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -121,6 +120,7 @@ def distributed(args: argparse.Namespace, api_key: str) -> str:
     from django.conf import settings
 
     from bench import serve_vs_vllm
+    from playground.serving.shared import registry
     from playground.serving.worker.engine_service import EngineService
 
     serve_vs_vllm.empty_redis(args.redis_url)
@@ -135,8 +135,8 @@ def distributed(args: argparse.Namespace, api_key: str) -> str:
                                log) as (worker_proc, web_proc):
         cpu_pids = {"web": web_proc.pid, "worker": worker_proc.pid,
                     "redis": redis.Redis.from_url(args.redis_url).info("server")["process_id"]}
-        worker_name = f"bench@{socket.gethostname()}"  # the worker's -n, as Celery expands it
-        return rounds(args, service, clients(args, api_key, cpu_pids), None, lambda: empty_worker_cache(worker_name))
+        (worker,) = [entry["name"] for entry in registry.live_workers()]  # the stack's one, healthy by now
+        return rounds(args, service, clients(args, api_key, cpu_pids), None, lambda: empty_worker_cache(worker))
 
 
 def empty_worker_cache(worker: str, timeout_s: float = 10.0) -> None:

@@ -55,6 +55,7 @@ LOOP_CHECK_S = 1.0  # a waiting task thread checks this often that the loop stil
 
 Chunk = dict[str, Any]  # {"index", "seq", "text", "tokens"}
 Send = Callable[[str, dict[str, Any]], Awaitable[None]]  # the channel layer's send
+Posted = tuple[dict[str, Any], concurrent.futures.Future[None]]  # a task thread's event and its poster's future
 
 
 class Delta(Protocol):
@@ -128,7 +129,7 @@ class TokenPublisher:
         self._send = send
         self._live: list[_Request] = []  # touched on the loop only
         # Events posted by task threads, per channel, each with the future its poster waits on (loop only).
-        self._outbox: dict[str, list[tuple[dict[str, Any], concurrent.futures.Future[None]]]] = {}
+        self._outbox: dict[str, list[Posted]] = {}
         self._wake = asyncio.Event()
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
@@ -245,8 +246,7 @@ class TokenPublisher:
         return request.ended or bool(request.pending) and now - request.last_send >= self._interval(request)
 
     @staticmethod
-    async def _flush(channel: str, requests: list[_Request], posted: list[tuple[dict[str, Any], Any]], send: Send,
-                     now: float) -> None:
+    async def _flush(channel: str, requests: list[_Request], posted: list[Posted], send: Send, now: float) -> None:
         """Send the `posted` events, then the unsent text of `requests` (all of `channel`), as one message;
         resolve the futures of the posters and of the requests whose stream has ended. A failed send fails
         every one of them."""

@@ -236,6 +236,7 @@ class WorkerRuntime:
         runs in a Celery task thread). `gen.done` goes out once the publisher has sent the last text."""
         if not job.reply_to:
             raise ValueError(f"request {request_id} names no channel to reply to (Job.reply_to)")
+
         def send(message: dict[str, Any]) -> None:
             """With the token publisher's next message to the web process (coalesce.py says why)."""
             self.tokens.deliver(job.reply_to, {"request_id": request_id, **message})
