@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from live_stack import REPO, free_port, wait_for_http
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -88,16 +89,35 @@ def test_sigterm_with_requests_in_flight_ends_their_tasks_and_exits_0(tmp_path):
             process.kill()
 
 
+# Every close the page's sockets see, so a missing banner says what the page got instead (the code, the reason).
+RECORD_CLOSES = """
+window.__closes = [];
+window.WebSocket = class extends window.WebSocket {
+  constructor(...args) {
+    super(...args);
+    this.addEventListener("close", (e) => window.__closes.push({code: e.code, reason: e.reason, clean: e.wasClean}));
+  }
+};
+"""
+
+
 @pytest.mark.browser
 def test_the_page_says_server_restarting_and_reconnects_by_itself(tmp_path, page):
     port = free_port()
     process = start_web(tmp_path, port)
+    page.add_init_script(RECORD_CLOSES)
     try:
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("#conn[data-status=open]", timeout=30_000)
         page.evaluate("window.__samePage = true")
         process.send_signal(signal.SIGTERM)
-        notice = page.wait_for_selector("#server-restarting", timeout=10_000)
+        try:
+            notice = page.wait_for_selector("#server-restarting", timeout=20_000)
+        except PlaywrightTimeoutError:
+            log = max(tmp_path.glob("web-*.log")).read_text()
+            pytest.fail(f"no banner; the page's sockets closed with {page.evaluate('window.__closes')}, the web "
+                        f"process {'exited ' + str(process.poll()) if process.poll() is not None else 'still runs'}"
+                        f"; its log:\n{log[-3000:]}")
         assert "server restarting" in notice.text_content()
         assert process.wait(15) == 0
         process = start_web(tmp_path, port)  # the redeployed web, same address
