@@ -12,6 +12,7 @@ and returns the engine's real output types, so `EngineService.summarize` runs on
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 from inference import EngineDeadError, EngineHealth
@@ -85,6 +86,16 @@ class FakeStreamingEngine:
     def shutdown(self) -> None:
         for stop in list(self.live.values()):
             stop.set()
+
+    def call_in_background(self, fn):
+        """Run `fn` on the fake's engine at once (the real loop runs it between steps): the lab host's idle
+        sweep calls it every 30 s, and failed so in every scripted server that lived that long."""
+        future = Future()
+        try:
+            future.set_result(fn(self.engine))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
                     lora_request=None, chat_options=None):
