@@ -1,7 +1,7 @@
 """Fixtures shared by the playground tests."""
-import time
 from pathlib import Path
 
+import page_log
 import pytest
 from django.core.cache import cache
 from django.test import Client
@@ -34,24 +34,16 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    """A fresh desktop-sized page; the test fails if the page raised an uncaught error. Its console lines and its
-    websockets' lives are printed, so a failed test's captured output shows what the page saw (a socket that
-    never opened, or closed, under a loaded CI machine)."""
+    """A fresh desktop-sized page; the test fails if the page raised an uncaught error. What it saw is printed
+    (page_log.py), so a failed test's captured output shows it."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda message: print(f"{time.monotonic():.3f} console {message.type}: {message.text}"))
-    page.on("websocket", _print_websocket_life)
+    page_log.follow(page)
     yield page
     context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
-
-
-def _print_websocket_life(socket) -> None:
-    print(f"{time.monotonic():.3f} websocket {socket.url} opening")
-    socket.on("socketerror", lambda error: print(f"{time.monotonic():.3f} websocket {socket.url} error: {error}"))
-    socket.on("close", lambda _: print(f"{time.monotonic():.3f} websocket {socket.url} closed"))
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+import page_log
 import pytest
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -172,6 +173,7 @@ def open_page(browser, harness_url):
         context.add_init_script(FAKE_SOCKET)
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page_log.follow(page)
         page.goto(harness_url + path)
         page.wait_for_selector('#conn[data-status="open"]')
         return page
