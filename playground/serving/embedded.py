@@ -70,8 +70,8 @@ class EmbeddedWorker:
 
 def run_on_pool(pool: TaskPool | None, request_id: str, task: dict[str, Any]) -> bool:
     """Run the generation task's body on `pool`'s threads; False (Celery takes it) until the pool and the runtime
-    exist and the pool has started its threads, once the pool has stopped, and while this worker passes new work on (draining beside another: the task
-    body would hand it back here)."""
+    exist and the pool has started its threads, once the pool has stopped, and while this worker passes new work
+    on (draining beside another: the task body would hand it back here)."""
     if pool is None or not runtime.exists() or runtime.current().passes_on_new_work():
         return False
     try:

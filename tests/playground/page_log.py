@@ -9,8 +9,13 @@ def follow(page) -> None:
     """Print `page`'s console lines, failed requests and websocket events from now on."""
     page.on("console", lambda message: _say(f"console {message.type}: {message.text}"))
     page.on("requestfailed", lambda request: _say(f"request failed: {request.url} ({request.failure})"))
-    page.on("response", lambda response: response.status >= 400 and _say(f"{response.status} {response.url}"))
+    page.on("response", _say_if_error)
     page.on("websocket", _follow_socket)
+
+
+def _say_if_error(response) -> None:
+    if response.status >= 400:
+        _say(f"{response.status} {response.url}")
 
 
 def _follow_socket(socket) -> None:

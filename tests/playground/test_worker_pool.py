@@ -31,7 +31,7 @@ def test_every_thread_is_started_with_the_pool_and_serves_tasks_after():
             pool.stop()
 
 
-def test_run_now_waits_for_the_threads_start_so_a_stop_never_waits_for_it():
+def test_run_now_refuses_until_the_threads_start_is_queued_and_a_stop_is_prompt():
     """A generation the embedded worker took while the pool started its threads took one the start needed, and
     a pool stopped then waited out the start's timeout (an embedded playground hung 60 s on SIGTERM). Until
     every thread's start is queued the pool refuses, and the embedded worker leaves the task to Celery."""
