@@ -1,6 +1,7 @@
 """Fixtures shared by the playground tests."""
 from pathlib import Path
 
+import network_lock
 import page_log
 import pytest
 from django.core.cache import cache
@@ -22,11 +23,12 @@ def _fresh_cache():
 
 @pytest.fixture(scope="module")
 def browser():
-    """One headless chromium per test module (skips where chromium or playwright is missing)."""
+    """One headless chromium per test module (skips where chromium or playwright is missing), while no Docker
+    work changes the host's interfaces (network_lock.py: a change fails the page's loads)."""
     playwright_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed")
-    with playwright_api.sync_playwright() as p:
+    with network_lock.browsing(), playwright_api.sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()

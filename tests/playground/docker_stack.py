@@ -124,12 +124,13 @@ def stage_build_extras() -> None:
 
 
 def build(cli: str, base: str) -> float:
-    """Build the image from `base`; returns the seconds it took."""
+    """Build the image from `base`; returns the seconds it took. Its steps run on the host's network: a step on
+    Docker's bridge adds and removes an interface, which fails the browser tests' page loads (network_lock.py)."""
     stage_build_extras()
     began = time.monotonic()
     env = {**os.environ, "DOCKER_BUILDKIT": "1" if _buildkit(cli) else "0"}
-    subprocess.run([cli, "build", "--build-arg", f"BASE_IMAGE={base}", "-t", IMAGE, str(REPO)], check=True,
-                   timeout=3600, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([cli, "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}", "-t", IMAGE, str(REPO)],
+                   check=True, timeout=3600, env=env, stdout=subprocess.DEVNULL)
     return time.monotonic() - began
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import network_lock
 import pytest
 import yaml
 from django.conf import settings
@@ -197,7 +198,8 @@ def docker_cli() -> str:
     from docker_stack import DockerUnavailable, ensure_docker
 
     try:
-        return ensure_docker()
+        with network_lock.changing_the_network():  # a dockerd it starts makes its bridge
+            return ensure_docker()
     except DockerUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and Docker is unavailable: {exc}")
@@ -241,66 +243,67 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
         # The test machine may be shared and overloaded: a worker's heartbeat can starve for seconds there.
         "PLAYGROUND_HEARTBEAT_TTL": "20",
     })
-    stack.down()  # a previous run's leftovers
-    try:
-        stack.run("up", "-d", "--no-build", timeout=900)
-        stack.wait_healthy(["redis", "postgres", "web", "worker"], timeout=1200)
-        up_s = time.monotonic() - began - build_s
+    with network_lock.changing_the_network():  # the stack's network and containers come and go
+        stack.down()  # a previous run's leftovers
+        try:
+            stack.run("up", "-d", "--no-build", timeout=900)
+            stack.wait_healthy(["redis", "postgres", "web", "worker"], timeout=1200)
+            up_s = time.monotonic() - began - build_s
 
-        first = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, "Say hello.", 16))
-        assert first[-1]["type"] == "done" and "".join(f["text"] for f in first if f["type"] == "token"), first[-1]
+            first = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, "Say hello.", 16))
+            assert first[-1]["type"] == "done" and "".join(f["text"] for f in first if f["type"] == "token"), first[-1]
 
-        key = stack.run("exec", "-T", "web", "python", "manage.py", "create_api_key", "smoke").stdout.split()[-1]
-        reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=300,
-                              json={"model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0,
-                                    "messages": [{"role": "user", "content": "Say hello."}]})
-        assert reply.status_code == 200, reply.text
-        body = reply.json()
-        assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0
+            key = stack.run("exec", "-T", "web", "python", "manage.py", "create_api_key", "smoke").stdout.split()[-1]
+            reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=300,
+                                  json={"model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0,
+                                        "messages": [{"role": "user", "content": "Say hello."}]})
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            assert body["choices"][0]["message"]["content"] and body["usage"]["completion_tokens"] > 0
 
-        restarted: dict[str, float] = {}
-        worker = stack.container("worker")
+            restarted: dict[str, float] = {}
+            worker = stack.container("worker")
 
-        def restart_worker() -> None:  # `docker restart` waits up to stop_grace_period, as compose does
-            restarted["at"] = time.monotonic()
-            threading.Thread(target=subprocess.run, args=([docker_cli, "restart", "-t", "45", worker],),
-                             kwargs={"capture_output": True, "timeout": 300}, daemon=True).start()
+            def restart_worker() -> None:  # `docker restart` waits up to stop_grace_period, as compose does
+                restarted["at"] = time.monotonic()
+                threading.Thread(target=subprocess.run, args=([docker_cli, "restart", "-t", "45", worker],),
+                                 kwargs={"capture_output": True, "timeout": 300}, daemon=True).start()
 
-        # A stream longer than Docker's default 10 s stop timeout: the API's `ignore_eos` holds the model to
-        # exactly `long_tokens` tokens, and the restart begins at its first token.
-        long_tokens = tokens_streamed_in(LONG_STREAM_S, base, key)
-        started = time.monotonic()
-        with requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, stream=True,
-                           timeout=600, json={"model": "smollm2-135m-instruct", "max_tokens": long_tokens,
-                                              "temperature": 0, "ignore_eos": True, "stream": True,
-                                              "stream_options": {"include_usage": True},
-                                              "messages": [{"role": "user", "content": LONG_ASK}]}) as stream:
-            assert stream.status_code == 200, stream.text
-            events = []
-            for line in stream.iter_lines():
-                if line.startswith(b"data: ") and line != b"data: [DONE]":
-                    events.append(json.loads(line[6:]))
-                    if "at" not in restarted and any(c["delta"].get("content") for c in events[-1]["choices"]):
-                        restart_worker()
-        ended = time.monotonic()
-        assert all("choices" in e for e in events), [e for e in events if "choices" not in e]
-        finishes = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
-        assert finishes == ["length"], finishes  # its own end, not the shutdown's abort or an error
-        assert events[-1]["usage"]["completion_tokens"] == long_tokens
-        streamed_after_sigterm = ended - restarted["at"]
-        assert ended - started > 10 and streamed_after_sigterm > 5, (ended - started, streamed_after_sigterm)
-        logged = subprocess.run([docker_cli, "logs", worker], capture_output=True, text=True)
-        logs = logged.stdout + logged.stderr
-        # The drain saw the stream and cut nothing. (Its closing "every request finished" line can lose the race
-        # with the process's exit once Celery's pool is done, so it is not required.)
-        assert "drain: 1 request(s) in flight" in logs and "drain: cutting" not in logs, logs[-3000:]
+            # A stream longer than Docker's default 10 s stop timeout: the API's `ignore_eos` holds the model to
+            # exactly `long_tokens` tokens, and the restart begins at its first token.
+            long_tokens = tokens_streamed_in(LONG_STREAM_S, base, key)
+            started = time.monotonic()
+            with requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, stream=True,
+                               timeout=600, json={"model": "smollm2-135m-instruct", "max_tokens": long_tokens,
+                                                  "temperature": 0, "ignore_eos": True, "stream": True,
+                                                  "stream_options": {"include_usage": True},
+                                                  "messages": [{"role": "user", "content": LONG_ASK}]}) as stream:
+                assert stream.status_code == 200, stream.text
+                events = []
+                for line in stream.iter_lines():
+                    if line.startswith(b"data: ") and line != b"data: [DONE]":
+                        events.append(json.loads(line[6:]))
+                        if "at" not in restarted and any(c["delta"].get("content") for c in events[-1]["choices"]):
+                            restart_worker()
+            ended = time.monotonic()
+            assert all("choices" in e for e in events), [e for e in events if "choices" not in e]
+            finishes = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+            assert finishes == ["length"], finishes  # its own end, not the shutdown's abort or an error
+            assert events[-1]["usage"]["completion_tokens"] == long_tokens
+            streamed_after_sigterm = ended - restarted["at"]
+            assert ended - started > 10 and streamed_after_sigterm > 5, (ended - started, streamed_after_sigterm)
+            logged = subprocess.run([docker_cli, "logs", worker], capture_output=True, text=True)
+            logs = logged.stdout + logged.stderr
+            # The drain saw the stream and cut nothing. (Its closing "every request finished" line can lose the race
+            # with the process's exit once Celery's pool is done, so it is not required.)
+            assert "drain: 1 request(s) in flight" in logs and "drain: cutting" not in logs, logs[-3000:]
 
-        stack.wait_healthy(["worker"], timeout=600)  # the restarted worker loads the converted model again
-        again = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, "Say goodbye.", 16))
-        assert again[-1]["type"] == "done", again[-1]
-        total_s = time.monotonic() - began
-        print(f"\ncompose smoke: build {build_s:.0f} s, up to healthy {up_s:.0f} s, whole test {total_s:.0f} s; "
-              f"image {image_size_mb(docker_cli):.0f} MB; the stream went on {streamed_after_sigterm:.1f} s after "
-              f"the worker's restart began")
-    finally:
-        stack.down()
+            stack.wait_healthy(["worker"], timeout=600)  # the restarted worker loads the converted model again
+            again = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, "Say goodbye.", 16))
+            assert again[-1]["type"] == "done", again[-1]
+            total_s = time.monotonic() - began
+            print(f"\ncompose smoke: build {build_s:.0f} s, up to healthy {up_s:.0f} s, whole test {total_s:.0f} s; "
+                  f"image {image_size_mb(docker_cli):.0f} MB; the stream went on {streamed_after_sigterm:.1f} s after "
+                  f"the worker's restart began")
+        finally:
+            stack.down()
