@@ -22,7 +22,7 @@ from pathlib import Path
 
 LOCK = Path(tempfile.gettempdir()) / "paged-playground-network.lock"
 GATE = LOCK.with_suffix(".gate")
-WAIT_S = 2400  # longer than the smoke test's stack ever holds it (about 4 minutes on an idle 2-core machine)
+WAIT_S = 2400  # far longer than the smoke test's stack holds it (77-150 s on a 2-core machine)
 
 
 @contextmanager
@@ -64,5 +64,5 @@ def _acquire(file, mode: int) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{file.name} still held after {WAIT_S} s (see tests/playground/network_lock.py)") from None
+                raise TimeoutError(f"{file.name} still held after {WAIT_S} s (network_lock.py)") from None
             time.sleep(0.25)

@@ -251,10 +251,12 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
             up_s = time.monotonic() - began - build_s
 
             first = asyncio.run(ws_chat(f"ws://127.0.0.1:{port}/ws/chat/", base, "Say hello.", 16))
-            assert first[-1]["type"] == "done" and "".join(f["text"] for f in first if f["type"] == "token"), first[-1]
+            first_text = "".join(f["text"] for f in first if f["type"] == "token")
+            assert first[-1]["type"] == "done" and first_text, first[-1]
 
             key = stack.run("exec", "-T", "web", "python", "manage.py", "create_api_key", "smoke").stdout.split()[-1]
-            reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=300,
+            reply = requests.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                  timeout=300,
                                   json={"model": "smollm2-135m-instruct", "max_tokens": 16, "temperature": 0,
                                         "messages": [{"role": "user", "content": "Say hello."}]})
             assert reply.status_code == 200, reply.text
@@ -303,7 +305,7 @@ def test_the_stack_builds_starts_serves_and_drains_a_restarting_worker(docker_cl
             assert again[-1]["type"] == "done", again[-1]
             total_s = time.monotonic() - began
             print(f"\ncompose smoke: build {build_s:.0f} s, up to healthy {up_s:.0f} s, whole test {total_s:.0f} s; "
-                  f"image {image_size_mb(docker_cli):.0f} MB; the stream went on {streamed_after_sigterm:.1f} s after "
-                  f"the worker's restart began")
+                  f"image {image_size_mb(docker_cli):.0f} MB; the stream went on {streamed_after_sigterm:.1f} s "
+                  "after the worker's restart began")
         finally:
             stack.down()
