@@ -155,8 +155,9 @@ def test_a_draining_worker_passes_a_fetched_task_to_another_ready_worker(monkeyp
     assert served[0] == ("before", Job.from_task(job))
     if other_state == "ready":
         assert served == served[:1]
-        assert sent == [(TASK_NAME, {"kwargs": {"request_id": "after", "job": job}, "queue": GPU_QUEUE,
-                                     "task_id": "after"})]
+        ((name, options),) = sent
+        assert (name, options["kwargs"], options["queue"], options["task_id"]) == (
+            TASK_NAME, {"request_id": "after", "job": job}, GPU_QUEUE, "after")
     else:
         assert [request_id for request_id, _ in served] == ["before", "after"] and sent == []
 
