@@ -100,7 +100,9 @@ class FakeStreamingEngine:
     def add_request(self, prompt, sampling_params: SamplingParams, request_id=None, messages=None, cache_salt=None,
                     lora_request=None, chat_options=None):
         last = messages[-1]["content"] if messages is not None else prompt
-        if isinstance(last, list):  # token ids: answered as their text
+        if isinstance(last, list) and last[:MESSAGE_OVERHEAD] == [0] * MESSAGE_OVERHEAD:
+            last = self.last_message(last)  # a chat rendered by `encode_chat` (the chat page's, fitted to the window)
+        elif isinstance(last, list):  # token ids: answered as their text
             last = " ".join(map(str, last))
         if self.error is not None:
             raise EngineDeadError(self.error)
@@ -174,6 +176,13 @@ class FakeStreamingEngine:
     def encode_chat(self, messages: list[dict], **chat_options) -> list[int]:
         """A chat template of its own: MESSAGE_OVERHEAD tokens around each message, one token per character."""
         return [t for m in messages for t in [0] * MESSAGE_OVERHEAD + self.encode(m["content"])]
+
+    @staticmethod
+    def last_message(ids: list[int]) -> str:
+        """The last message's text of a chat `encode_chat` rendered (its characters' code points below VOCAB)."""
+        marker = [0] * MESSAGE_OVERHEAD
+        start = max(i for i in range(len(ids) - MESSAGE_OVERHEAD + 1) if ids[i:i + MESSAGE_OVERHEAD] == marker)
+        return "".join(map(chr, ids[start + MESSAGE_OVERHEAD:]))
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -55,9 +55,9 @@ def test_both_sides_stream_at_once_each_with_its_settings_and_receipt_and_nothin
             started = await ws.receive_json_from(timeout=5)
             frames = await until_both_end(ws, started["request_ids"])
             await ws.disconnect()
-            return started, frames, engine.requests, submitted
+            return started, frames, engine.requests, engine.encode_chat, submitted
 
-    started, frames, requests, submitted = asyncio.run(scenario())
+    started, frames, requests, encode_chat, submitted = asyncio.run(scenario())
     assert started["type"] == "compare_started" and len(set(started["request_ids"])) == 2
     a, b = started["request_ids"]
     (text_a, done_a), (text_b, done_b) = per_request(frames, a), per_request(frames, b)
@@ -75,7 +75,7 @@ def test_both_sides_stream_at_once_each_with_its_settings_and_receipt_and_nothin
     by_id = {r["request_id"]: r["params"] for r in requests}
     assert (by_id[a].temperature, by_id[a].max_tokens, by_id[a].seed) == (0.0, 5, None)
     assert (by_id[b].temperature, by_id[b].max_tokens, by_id[b].seed) == (1.3, 12, 7)
-    assert [r["messages"] for r in requests] == [ASK, ASK]
+    assert [r["prompt"] for r in requests] == [encode_chat(ASK)] * 2
     assert all(s["fit_window"] and s["preferred_worker"] == "" for s in submitted)
     assert Conversation.objects.count() == 0
 

@@ -117,11 +117,12 @@ def test_a_conversation_longer_than_the_window_drops_its_oldest_turns_and_says_s
             await ws.send_json_to(generate(messages, max_tokens=20))
             done = (await until_end(ws))[-1]
             await ws.disconnect()
-            return done, engine.requests[-1]["messages"], submitted
+            return done, engine.requests[-1], engine.encode_chat, submitted
 
-    done, seen, submitted = run(scenario())
+    done, request, encode_chat, submitted = run(scenario())
     assert submitted[0]["fit_window"] is True
-    assert seen == [system, *turns[4:], messages[-1]]  # the two oldest turns went, whole
+    seen = [system, *turns[4:], messages[-1]]  # the two oldest turns went, whole
+    assert request["messages"] is None and request["prompt"] == encode_chat(seen)  # rendered once, while fitting
     context = done["context"]
     assert context["dropped_messages"] == 4 and context["dropped_turns"] == 2
     assert context["window"] == 230 and context["max_tokens"] == 20

@@ -27,7 +27,7 @@ def chat(turns: int, system: str | None = "be brief", size: int = 10) -> list[di
 def test_a_conversation_that_fits_is_untouched():
     messages = chat(3)
     fitted = fit_conversation(messages, max_tokens=20, window=len(encode(messages)) + 20, encode=encode)
-    assert fitted.messages == messages
+    assert fitted.messages == messages and fitted.prompt_ids == encode(messages)
     assert fitted.report()["dropped_messages"] == 0 and fitted.report()["dropped_tokens"] == 0
 
 
@@ -37,6 +37,7 @@ def test_the_fewest_oldest_turns_go_and_the_system_prompt_stays():
     window = len(encode(messages)) + 16 - 2 * per_turn + 1  # room for all but two turns
     fitted = fit_conversation(messages, max_tokens=16, window=window, encode=encode)
     assert fitted.messages == [messages[0]] + messages[5:]  # turns 0 and 1 (4 messages) dropped
+    assert fitted.prompt_ids == encode(fitted.messages)
     assert [m["role"] for m in fitted.messages] == ["system", "user", "assistant", "user", "assistant", "user"]
     report = fitted.report()
     assert report["dropped_messages"] == 4 and report["dropped_turns"] == 2
@@ -79,7 +80,8 @@ def test_with_the_real_chat_template_the_kept_prompt_fits():
     tokenizer = load_tokenizer(resolve_model(DEFAULT_MODEL))
     messages = chat(10, size=80)
     fitted = fit_conversation(messages, max_tokens=32, window=256, encode=lambda m: encode_chat(tokenizer, m))
-    prompt = len(encode_chat(tokenizer, fitted.messages))
+    assert fitted.prompt_ids == encode_chat(tokenizer, fitted.messages)  # what the engine gets, as it would render it
+    prompt = len(fitted.prompt_ids)
     assert prompt == fitted.prompt_tokens and prompt + 32 <= 256
     # one more turn would not have fitted: the fewest turns were dropped
     dropped = fitted.report()["dropped_messages"]

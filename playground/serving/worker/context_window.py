@@ -26,15 +26,20 @@ POLICY = "keep the system prompt and the latest turns; drop whole turns, oldest 
 
 @dataclass(frozen=True)
 class Fitted:
-    """A conversation after fitting: the messages the engine gets and what was left out."""
+    """A conversation after fitting: the messages the engine gets, rendered (`prompt_ids`: the engine takes
+    these, so a turn goes through the chat template once, not again when it is queued), and what was left out."""
 
     messages: list[Message]
+    prompt_ids: list[int]  # the kept transcript rendered
     window: int  # max_model_len
     max_tokens: int  # the reply's room as asked
     conversation_tokens: int  # the whole transcript rendered, before anything was dropped
-    prompt_tokens: int  # the kept transcript rendered
     dropped_messages: int  # how many messages after the system prompt were left out (the oldest ones)
     dropped_turns: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
     def report(self) -> dict[str, Any]:
         """The `context` field of the `done` frame (docs/protocol.md)."""
@@ -73,9 +78,10 @@ def fit_conversation(
     def kept(drop: int) -> list[Message]:
         return system + messages[starts[drop]:]
 
-    full = len(encode(messages))
+    rendered = encode(messages)
+    full = len(rendered)
     if full + max_tokens <= window:
-        return Fitted(list(messages), window, max_tokens, full, full, 0, 0)
+        return Fitted(list(messages), rendered, window, max_tokens, full, 0, 0)
     lowest = len(starts) - 1  # the most turns that may go: all but the latest
     low, high = min(1, lowest), lowest  # the fewest drops that fit lie in [low, high] (high: maybe none fit)
     while low < high:
@@ -85,10 +91,10 @@ def fit_conversation(
         else:
             low = middle + 1
     drop = low
-    prompt = len(encode(kept(drop)))
-    if prompt >= window:
+    prompt = encode(kept(drop))
+    if len(prompt) >= window:
         raise ValueError(
-            f"the system prompt and the latest message take {prompt} tokens; the context window is {window} "
+            f"the system prompt and the latest message take {len(prompt)} tokens; the context window is {window} "
             "tokens, which must leave room for at least one reply token: shorten them"
         )
-    return Fitted(kept(drop), window, max_tokens, full, prompt, starts[drop] - len(system), drop)
+    return Fitted(kept(drop), prompt, window, max_tokens, full, starts[drop] - len(system), drop)

@@ -133,7 +133,7 @@ class EngineService:
         if job.fit_window and messages is not None:
             fitted = fit_conversation(messages, job.params.get("max_tokens") or 1, engine.engine.max_model_len,
                                       lambda turns: engine.encode_chat(turns, **chat_options))
-            messages = fitted.messages
+            prompt, messages = fitted.prompt_ids, None  # rendered while fitting: the engine takes the ids
         if job.truncate_prompt_tokens is not None:  # vLLM's meaning: keep the prompt's last k tokens
             if messages is not None:
                 prompt, messages = engine.encode_chat(messages, **chat_options), None
