@@ -228,6 +228,32 @@ def test_a_posted_event_leaves_at_once_and_a_failed_send_reaches_its_poster(brid
     assert [event["type"] for _, event in send.messages("a")] == ["gen.accepted", "gen.done"]
 
 
+def test_held_events_lead_the_next_message_or_leave_after_one_interval(bridge):
+    """`post(hold=True)` (a task thread's `gen.accepted`): a burst's held events share messages instead of one
+    each; one alone leaves within an interval; one held when its request's first text is due leads that
+    message; a held event never delays text, nor an event posted without `hold`."""
+    send = Recorder()
+    publisher = TokenPublisher(bridge, 0.2, send)
+    began = time.monotonic()
+    held = [publisher.post(WEB, {"type": "gen.accepted", "request_id": f"h{n}"}, hold=True) for n in range(10)]
+    assert [future.result(timeout=5) for future in held] == [None] * 10
+    assert len(send.sent) == 1 and [e["request_id"] for e in send.sent[0][2]["events"]] == [f"h{n}" for n in range(10)]
+    assert 0.15 <= send.sent[0][0] - began < 1.0  # it waited for the interval: nothing else went to WEB meanwhile
+
+    accepted = publisher.post(WEB, {"type": "gen.accepted", "request_id": "r"}, hold=True)
+    stream = publisher.publish("r", TimedSource([(0.02, D(0, "x"))]), WEB)
+    assert stream.result(timeout=5) == 1 and accepted.result(timeout=5) is None
+    (first_at, first), *_ = send.messages("r")
+    assert first["type"] == "gen.accepted"
+    assert send.messages("r")[1][1]["chunks"][0]["text"] == "x" and send.messages("r")[1][0] == first_at
+
+    publisher.post(WEB, {"type": "gen.accepted", "request_id": "q"}, hold=True)
+    began = time.monotonic()
+    publisher.deliver(WEB, {"type": "gen.done", "request_id": "q"})  # not held: at once, the held one before it
+    assert time.monotonic() - began < 0.15
+    assert [event["type"] for _, event in send.messages("q")] == ["gen.accepted", "gen.done"]
+
+
 def test_a_failing_send_fails_its_web_process_and_a_failing_stream_its_request(bridge):
     class Broken:
         def get(self, timeout=None):

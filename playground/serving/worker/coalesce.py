@@ -17,7 +17,12 @@ threads' own events (`gen.accepted`, `gen.done`, `gen.error`) are posted to the 
 ride in the same messages: a step that ends 64 requests used to send 64 `gen.done` messages, which the web
 process, busy finishing each request, took one at a time, the last ~110 ms after the worker had sent it
 (a distributed 64-chat run, `python -m bench.serving --stack distributed`). A task thread posts its
-`gen.accepted` and submits its request at once: a burst's threads each waited for their own send before.
+`gen.accepted` and submits its request at once: a burst's threads each waited for their own send before. And a
+`gen.accepted` is held (`post(hold=True)`) for up to one `interval`, or until the publisher's next message to its
+web process, which it then leads: a burst of 64 chats reaching the worker over ~0.2 s had sent 38-59 messages for
+its 64 `gen.accepted` events (Redis round trips and wake-ups of both processes, while the engine's first steps
+wanted the cores), each also waking its request's reader on the web side for no text; held, 4-7 (a distributed
+64-chat run, 9 rounds each; the burst reached the engine over 179 ms against 200, median).
 
 A paced request (the chat page's, `Job.paced`) waits longer between events while many stream: the worker's
 paced events share `PLAYGROUND_WS_FRAMES_PER_S`, so its interval is the number of live requests over that budget
@@ -130,6 +135,7 @@ class TokenPublisher:
         self._live: list[_Request] = []  # touched on the loop only
         # Events posted by task threads, per channel, each with the future its poster waits on (loop only).
         self._outbox: dict[str, list[Posted]] = {}
+        self._due_at: dict[str, float] = {}  # per channel of the outbox: when its events must go (loop time)
         self._wake = asyncio.Event()
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
@@ -145,14 +151,14 @@ class TokenPublisher:
         self.bridge.loop.call_soon_threadsafe(self._add, request)
         return request.finished
 
-    def post(self, reply_to: str, event: dict[str, Any]) -> concurrent.futures.Future[None]:
+    def post(self, reply_to: str, event: dict[str, Any], hold: bool = False) -> concurrent.futures.Future[None]:
         """Send `event` to channel `reply_to` at the head of the publisher's next message there (call from any
-        thread); the future resolves once it has gone, or with the send's error. Events posted from one
-        thread keep their order. An event posted before a request is published precedes all its text (a
-        request's `gen.accepted`); one posted after its stream has ended follows it (`gen.done`): the stream's
-        last text has gone by then."""
+        thread), at once or, with `hold`, within one `interval`; the future resolves once it has gone, or with the
+        send's error. Events posted from one thread keep their order. An event posted before a request is
+        published precedes all its text (a request's `gen.accepted`); one posted after its stream has ended
+        follows it (`gen.done`): the stream's last text has gone by then."""
         sent: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.bridge.loop.call_soon_threadsafe(self._post, reply_to, event, sent)
+        self.bridge.loop.call_soon_threadsafe(self._post, reply_to, event, sent, hold)
         return sent
 
     def deliver(self, reply_to: str, event: dict[str, Any]) -> None:
@@ -160,8 +166,10 @@ class TokenPublisher:
         Raises the send's error, or RuntimeError if the loop stops meanwhile."""
         self._wait(self.post(reply_to, event))
 
-    def _post(self, reply_to: str, event: dict[str, Any], sent: concurrent.futures.Future[None]) -> None:
+    def _post(self, reply_to: str, event: dict[str, Any], sent: concurrent.futures.Future[None], hold: bool) -> None:
         self._outbox.setdefault(reply_to, []).append((event, sent))
+        due_at = self.bridge.loop.time() + (self.interval if hold else 0.0)
+        self._due_at[reply_to] = min(due_at, self._due_at.get(reply_to, due_at))
         self._start()
 
     def _notify(self) -> None:
@@ -206,18 +214,21 @@ class TokenPublisher:
         while self._live or self._outbox:  # ends when nothing is live or posted; the next one starts it again
             self._wake.clear()  # before draining: text queued from here on sets it again
             now = loop.time()
-            due: dict[str, list[_Request]] = {channel: [] for channel in self._outbox}
+            due: dict[str, list[_Request]] = {channel: [] for channel in self._outbox if self._due_at[channel] <= now}
             for request in self._live:
                 if self._ready(request, now):
                     due.setdefault(request.reply_to, []).append(request)
-            posted, self._outbox = self._outbox, {}
+            posted = {channel: self._outbox.pop(channel) for channel in due if channel in self._outbox}
+            for channel in posted:
+                del self._due_at[channel]
             await asyncio.gather(*(self._flush(channel, requests, posted.get(channel, []), send, now)
                                    for channel, requests in due.items()))
             self._live = [r for r in self._live if not r.finished.done()]
-            if self._live and not self._outbox:
-                delay = min(self._sleep(request, loop.time()) for request in self._live)
+            now = loop.time()
+            delays = [self._sleep(request, now) for request in self._live] + [at - now for at in self._due_at.values()]
+            if delays and min(delays) > 0:  # else all done, or an event came due while sending: round again
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
+                    async with asyncio.timeout(min(delays)):
                         await self._wake.wait()
 
     def _sleep(self, request: _Request, now: float) -> float:

@@ -245,8 +245,10 @@ class WorkerRuntime:
         with self._lock:
             self._serving.add(request_id)
         try:
-            # Not waited for: it leads the request's first message (coalesce.py); a failed send fails that one too.
-            self.tokens.post(job.reply_to, {"request_id": request_id, "type": "gen.accepted", "worker": self.name})
+            # Not waited for, and held: it leads the request's first message or the next one to its web process
+            # (coalesce.py); a failed send fails that one too.
+            self.tokens.post(job.reply_to, {"request_id": request_id, "type": "gen.accepted", "worker": self.name},
+                             hold=True)
             if job.kind == "generate":
                 self._run(request_id, job, send)
             else:
