@@ -13,11 +13,14 @@ def test_a_process_is_charged_by_its_command_line():
     busy = "import time; end = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
     web = subprocess.Popen([sys.executable, "-c", busy, "manage.py", "web", "--port", "1"])
     try:
+        # /proc's utime and stime, whole clock ticks, can read a few ticks under the process's own clock on a
+        # loaded VM (0.29 s for a loop that spent 0.3 s and more, a CI run).
+        charged = 0.25
         deadline = time.monotonic() + 10
-        while (reading := serve_cpu.read_process(Path(f"/proc/{web.pid}")))[1] < 0.3 and time.monotonic() < deadline:
+        while (reading := serve_cpu.read_process(Path(f"/proc/{web.pid}")))[1] < charged and time.monotonic() < deadline:
             time.sleep(0.1)
         command, spent = reading
-        assert 0.3 <= spent < 2.0
+        assert charged <= spent < 2.0
         assert serve_cpu.process_name(command) == "web"  # not "embedded" or "worker" as well
         assert serve_cpu.cpu_seconds()["web"] >= spent  # the sum over every running process counts it
     finally:
