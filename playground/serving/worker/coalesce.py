@@ -137,6 +137,7 @@ class TokenPublisher:
         self._outbox: dict[str, list[Posted]] = {}
         self._due_at: dict[str, float] = {}  # per channel of the outbox: when its events must go (loop time)
         self._wake = asyncio.Event()
+        self._wakes_at = 0.0  # loop time at which the sleeping publisher looks again by itself; 0 while awake
         self._wake_pending = False  # a wake-up is scheduled on the loop and has not run yet
         self._task: asyncio.Task | None = None
 
@@ -170,6 +171,8 @@ class TokenPublisher:
         self._outbox.setdefault(reply_to, []).append((event, sent))
         due_at = self.bridge.loop.time() + (self.interval if hold else 0.0)
         self._due_at[reply_to] = min(due_at, self._due_at.get(reply_to, due_at))
+        if hold and self._task is not None and not self._task.done() and self._wakes_at <= due_at:
+            return  # the running publisher looks at the outbox by then anyway: no wake-up (and drain) per event
         self._start()
 
     def _notify(self) -> None:
@@ -227,9 +230,11 @@ class TokenPublisher:
             now = loop.time()
             delays = [self._sleep(request, now) for request in self._live] + [at - now for at in self._due_at.values()]
             if delays and min(delays) > 0:  # else all done, or an event came due while sending: round again
+                self._wakes_at = now + min(delays)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(delays)):
                         await self._wake.wait()
+                self._wakes_at = 0.0
 
     def _sleep(self, request: _Request, now: float) -> float:
         """How long the request lets the publisher sleep without a wake-up: until it may send its held text,
