@@ -12,7 +12,7 @@ clock, so the client's times and the server's line up.
     http          daphne hands the request to Django (the ASGI application is called)
     view          the API view starts (Django's request signal and middleware are behind)
     admitted      the user's concurrency slot is taken (authentication, parsing, limits)
-    queued        the Celery task is sent (dispatch.submit returned)
+    queued        the Celery task is sent (dispatch.submit_many returned)
     task          a worker thread starts the task (the Celery hop)
     arrival       the engine request exists (tokenised and checked: the engine's own clock starts)
     scheduled     its first prefill chunk is scheduled (queueing in the engine)
@@ -107,14 +107,15 @@ class Timeline:
             self.mark(generation.request_id, "admitted")
 
         lifecycle.Generation.__init__ = admitted
-        submit = dispatch.submit
+        submit_many = dispatch.submit_many
 
-        def queued(request_id, job):
-            queue = submit(request_id, job)
-            self.mark(request_id, "queued")
-            return queue
+        def queued(jobs):
+            queues = submit_many(jobs)
+            for request_id, _ in jobs:
+                self.mark(request_id, "queued")
+            return queues
 
-        dispatch.submit = queued
+        dispatch.submit_many = queued
         serve = runtime.WorkerRuntime.serve
 
         def task(worker, request_id, job):

@@ -118,8 +118,8 @@ if REDIS_URL:
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 60},
         }
     }
-    # One connection pool per process, not per request (playground/cache_pool.py).
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+    # One connection pool and client per process, not per request and call (playground/cache_pool.py).
+    CACHES = {"default": {"BACKEND": "playground.cache_pool.RedisCache", "LOCATION": REDIS_URL,
                           "OPTIONS": {"pool_class": "playground.cache_pool.SharedConnectionPool"}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "playground.serving.shared.memory_layer.EmbeddedChannelLayer",
@@ -128,6 +128,8 @@ else:
 
 # --- Celery (read by playground/celery.py with the CELERY_ prefix) ------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+if REDIS_URL:  # kombu's Redis transport, with one client per channel for its plain commands (playground/broker.py)
+    CELERY_BROKER_TRANSPORT = "playground.broker:Transport"
 # The in-memory transport polls. Embedded, the in-process worker takes generations itself (serving/embedded.py)
 # and the broker carries only what it declines (while the worker starts or stops), so a look every half second
 # is soon enough; at 10 ms the looks alone took ~0.2 s of CPU from the engine's cores per 15 s of serving.

@@ -1,6 +1,6 @@
 """ChatConsumer: the /ws/chat/ socket (protocol in docs/protocol.md).
 
-Thin on purpose: it parses frames (`protocol`), persists turns (`store`; replies through `replies`) and relays
+Thin on purpose: it parses frames (`protocol`), persists turns (`store`, batched by `transcripts`) and relays
 each generation's updates; the request's lifecycle — limits, queueing, listening, liveness, release — is
 `serving.web.lifecycle`'s, the same as the API's and the demo's. A compare frame runs two such generations at
 once (settings A and B on one prompt), admitted both or neither and saved nowhere. The socket has no channel-layer channel of
@@ -22,7 +22,7 @@ from playground.serving.web import lifecycle, models, sampling
 from playground.serving.web.edge import InvalidInput
 from playground.serving.web.lifecycle import Generation, GenerationFailed, Job
 
-from . import replies, store
+from . import store, transcripts
 from .protocol import CLOSE_LOGIN_REQUIRED, Cancel, Compare, Generate, parse_frame
 
 logger = logging.getLogger(__name__)
@@ -87,9 +87,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         saving = asyncio.get_running_loop().create_future()
         self.start_relay(generation, job, saving)
         try:
-            conversation = await database_sync_to_async(store.open_conversation)(
-                user, session_key, request.conversation_id, request.messages
-            )
+            conversation = await transcripts.open_conversation(user, session_key, request.conversation_id,
+                                                               request.messages)
             await self.send_json({"type": "started", "request_id": generation.request_id,
                                   "conversation_id": str(conversation.id)})
         except BaseException:
@@ -173,7 +172,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             conversation_id, parent_id = saving
             saved = None
             try:
-                saved = await replies.save(store.Reply(conversation_id, request_id, done, event["worker"], parent_id))
+                saved = await transcripts.save(store.Reply(conversation_id, request_id, done, event["worker"], parent_id))
                 if saved is None:
                     logger.warning("the reply of %s was not saved: its conversation was deleted", request_id)
             except Exception:

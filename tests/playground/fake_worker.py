@@ -26,7 +26,7 @@ ASK = [{"role": "user", "content": "hi there"}]
 @contextlib.asynccontextmanager
 async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lora_modules=None,
                  suggested_sampling: dict | None = None):
-    """A worker runtime around a FakeStreamingEngine; `dispatch.submit` runs its tasks in threads.
+    """A worker runtime around a FakeStreamingEngine; dispatch's sends (`submit_many`) run its tasks in threads.
     `lora_modules` (adapter name -> path) as the worker's PLAYGROUND_LORA_MODULES; `suggested_sampling` as its
     model's generation_config.json suggests."""
     engine = FakeStreamingEngine(delay, suggested_sampling=suggested_sampling)
@@ -40,16 +40,17 @@ async def worker(monkeypatch, delay: float = 0.002, name: str = "fake@test", lor
     submitted: list[dict] = []
     tasks: list[threading.Thread] = []
 
-    def submit(request_id, job):
-        submitted.append({"request_id": request_id, "preferred_worker": job.preferred_worker, "adapter": job.adapter,
-                          "fit_window": job.fit_window, "job": job})
-        # Through the task's JSON, as Celery carries it.
-        task = Job.from_task(json.loads(json.dumps(job.to_task())))
-        tasks.append(threading.Thread(target=runtime.serve, daemon=True, args=(request_id, task)))
-        tasks[-1].start()
-        return GPU_QUEUE
+    def submit_many(jobs):
+        for request_id, job in jobs:
+            submitted.append({"request_id": request_id, "preferred_worker": job.preferred_worker,
+                              "adapter": job.adapter, "fit_window": job.fit_window, "job": job})
+            # Through the task's JSON, as Celery carries it.
+            task = Job.from_task(json.loads(json.dumps(job.to_task())))
+            tasks.append(threading.Thread(target=runtime.serve, daemon=True, args=(request_id, task)))
+            tasks[-1].start()
+        return [GPU_QUEUE] * len(jobs)
 
-    monkeypatch.setattr(dispatch, "submit", submit)
+    monkeypatch.setattr(dispatch, "submit_many", submit_many)
     try:
         yield engine, submitted
     finally:

@@ -1,5 +1,6 @@
-"""The distributed settings' cache keeps one Redis connection pool per process: requests reuse connections instead
-of opening one each (playground/cache_pool.py)."""
+"""The distributed settings' cache keeps one Redis connection pool and one client on it per process: requests reuse
+connections instead of opening one each, and cache calls one client instead of building one each
+(playground/cache_pool.py)."""
 import os
 import subprocess
 import sys
@@ -22,12 +23,16 @@ async def request(number):
     return await sync_to_async(cache.get, thread_sensitive=False)("k%d" % number)
 
 async def main():
+    made = []
+    init = redis.Redis.__init__
+    redis.Redis.__init__ = lambda self, *args, **kwargs: made.append(1) or init(self, *args, **kwargs)
     values = [await asyncio.create_task(request(n)) for n in range(20)]
+    redis.Redis.__init__ = init
     probe = redis.Redis.from_url(os.environ["REDIS_URL"])
     db = probe.connection_pool.connection_kwargs["db"]
     # The server's every client is listed: other tests' stacks too, on other databases.
     others = [c for c in probe.client_list() if c["cmd"] != "client|list" and int(c["db"]) == db]
-    print(values == list(range(20)), len(others))
+    print(values == list(range(20)), len(others), len(made))
 
 asyncio.run(main())
 """
@@ -41,9 +46,10 @@ def test_requests_share_the_process_pool_instead_of_opening_a_connection_each():
                "DJANGO_SETTINGS_MODULE": "playground.settings"}
         out = subprocess.run([sys.executable, "-c", REQUESTS], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=120, check=True)
-        read_back, connections = out.stdout.split()
+        read_back, connections, clients = out.stdout.split()
         assert read_back == "True"
         assert int(connections) <= 2  # Django alone: a pool and a connection per request, up to 20
+        assert int(clients) <= 1  # Django alone: a redis-py client per cache call, 40
     finally:
         client.flushdb()
 

@@ -108,3 +108,23 @@ def test_a_new_conversation_is_written_without_reading_anything_back():
     conversation.refresh_from_db()
     assert conversation.title == "q1" and conversation.session_key == "s1"
     assert shown(conversation) == [("system", "be brief", 1), ("user", "q1", 1)]
+
+
+def test_new_conversations_created_together_are_each_one_branch_in_a_fixed_number_of_queries():
+    def burst(count):
+        new = [store.NewConversation(None, f"s{i}", [SYSTEM, user(f"  q{i}\n one")] if i % 2 else [user(f"q{i}")])
+               for i in range(count)]
+        with CaptureQueriesContext(connection) as queries:
+            conversations = store.create_conversations(new)
+        return conversations, len(queries)
+
+    few, few_queries = burst(2)
+    many, many_queries = burst(9)
+    assert many_queries == few_queries  # per batch: conversations, one INSERT per position, the leaves' UPDATE
+    for i, conversation in enumerate(many):
+        stored = Conversation.objects.get(id=conversation.id)
+        path = [(m.role, m.content, m.position) for m in store.active_path(stored)]
+        expected = [SYSTEM, user(f"  q{i}\n one")] if i % 2 else [user(f"q{i}")]
+        assert path == [(m["role"], m["content"], p) for p, m in enumerate(expected)]
+        assert stored.session_key == f"s{i}" and stored.title == (f"q{i} one" if i % 2 else f"q{i}")
+        assert stored.messages.count() == len(expected)

@@ -1,4 +1,4 @@
-"""Replies stored together (playground/chat/store.py `save_replies`, playground/chat/replies.py): a burst of
+"""Replies stored together (playground/chat/store.py `save_replies`, playground/chat/transcripts.py): a burst of
 finished chats is one transaction of a fixed number of queries, each reply under its parent, and the socket's
 writer batches the replies that arrive while a write runs without losing or mixing any."""
 import asyncio
@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from playground.chat import replies, store
+from playground.chat import store, transcripts
 from playground.chat.models import Conversation, Message
 
 
@@ -107,9 +107,9 @@ def test_replies_that_arrive_while_a_write_runs_go_together_in_the_next(monkeypa
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def burst():
-        first = asyncio.ensure_future(replies.save(reply("r0")))
+        first = asyncio.ensure_future(transcripts.save(reply("r0")))
         await asyncio.to_thread(recorder.started.wait, 10)  # r0's write has started and waits on `go`
-        rest = [asyncio.ensure_future(replies.save(reply(f"r{i}"))) for i in range(1, 6)]
+        rest = [asyncio.ensure_future(transcripts.save(reply(f"r{i}"))) for i in range(1, 6)]
         await asyncio.sleep(0.05)
         recorder.go.set()
         return await asyncio.gather(first, *rest)
@@ -124,12 +124,12 @@ def test_a_failed_batch_raises_to_its_callers_and_the_next_batch_is_still_writte
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def burst():
-        first = asyncio.ensure_future(replies.save(reply("r0")))
+        first = asyncio.ensure_future(transcripts.save(reply("r0")))
         await asyncio.to_thread(recorder.started.wait, 10)
-        failing = [asyncio.ensure_future(replies.save(reply(f"r{i}"))) for i in (1, 2)]
+        failing = [asyncio.ensure_future(transcripts.save(reply(f"r{i}"))) for i in (1, 2)]
         recorder.go.set()
         outcomes = await asyncio.gather(first, *failing, return_exceptions=True)
-        later = await replies.save(reply("r3"))
+        later = await transcripts.save(reply("r3"))
         return outcomes, later
 
     outcomes, later = asyncio.run(burst())
@@ -145,13 +145,13 @@ def test_a_caller_that_goes_away_still_has_its_reply_written(monkeypatch):
     monkeypatch.setattr(store, "save_replies", recorder)
 
     async def leave():
-        first = asyncio.ensure_future(replies.save(reply("r0")))
+        first = asyncio.ensure_future(transcripts.save(reply("r0")))
         await asyncio.to_thread(recorder.started.wait, 10)
         first.cancel()  # the socket closed while its reply was being stored
         recorder.go.set()
         with pytest.raises(asyncio.CancelledError):
             await first
-        return await replies.save(reply("r1"))
+        return await transcripts.save(reply("r1"))
 
     assert asyncio.run(leave()) == "message of r1"
     assert recorder.batches == [["r0"], ["r1"]]

@@ -53,6 +53,27 @@ def test_stream_concatenates_to_the_saved_final_text(monkeypatch):
     assert conversation.session_key and conversation.user is None
 
 
+def test_a_burst_of_new_chats_each_stores_its_own_conversation(monkeypatch):
+    """Sent at once, their conversations are created together (chat/transcripts.py): none is lost or mixed up."""
+
+    async def scenario():
+        async with worker(monkeypatch):
+            sockets = [await connect() for _ in range(6)]
+            for i, ws in enumerate(sockets):
+                await ws.send_json_to(generate([{"role": "user", "content": f"question {i}"}]))
+            frames = [[await ws.receive_json_from(timeout=5), *await until_end(ws)] for ws in sockets]
+            for ws in sockets:
+                await ws.disconnect()
+            return frames
+
+    for i, (started, *_, done) in enumerate(run(scenario())):
+        assert started["type"] == "started" and done["conversation_id"] == started["conversation_id"]
+        conversation = Conversation.objects.get(id=started["conversation_id"])
+        saved = list(conversation.messages.order_by("position").values_list("role", "content"))
+        assert saved == [("user", f"question {i}"), ("assistant", f"echo0: question {i}")]
+        assert conversation.leaf_id == done["message_id"] and conversation.title == f"question {i}"
+
+
 def test_while_chats_stream_together_their_frames_share_the_worker_s_frame_budget(monkeypatch, settings):
     """Two chats at once and 10 chat frames a second for the worker: each chat's token frames come ~0.2 s apart
     (its text merged meanwhile) after its first token at once, instead of one per 30 ms coalescing window; the
@@ -302,12 +323,13 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
                 reply_to, {"type": "gen.accepted", "request_id": request_id, "worker": "ghost@nowhere"}
             )
 
-        def submit(request_id, job):
-            asyncio.run_coroutine_threadsafe(accept_and_die(request_id, job.reply_to), loop)
-            return GPU_QUEUE
+        def submit_many(jobs):
+            for request_id, job in jobs:
+                asyncio.run_coroutine_threadsafe(accept_and_die(request_id, job.reply_to), loop)
+            return [GPU_QUEUE] * len(jobs)
 
         loop = asyncio.get_running_loop()
-        monkeypatch.setattr(dispatch, "submit", submit)
+        monkeypatch.setattr(dispatch, "submit_many", submit_many)
         ws = await connect()
         await ws.send_json_to(generate())
         started = await ws.receive_json_from(timeout=5)
@@ -325,7 +347,7 @@ def test_a_worker_that_stops_heartbeating_fails_its_request(monkeypatch):
 
 def test_no_worker_at_all_is_an_error_not_a_hang(monkeypatch, settings):
     settings.PLAYGROUND_NO_WORKER_GRACE = 0.5
-    monkeypatch.setattr(dispatch, "submit", lambda *args, **kwargs: GPU_QUEUE)
+    monkeypatch.setattr(dispatch, "submit_many", lambda jobs: [GPU_QUEUE] * len(jobs))
 
     async def scenario():
         ws = await connect()
@@ -339,10 +361,10 @@ def test_no_worker_at_all_is_an_error_not_a_hang(monkeypatch, settings):
 
 
 def test_broker_failure_is_reported(monkeypatch):
-    def broken_submit(*args, **kwargs):
+    def broken_submit(jobs):
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(dispatch, "submit", broken_submit)
+    monkeypatch.setattr(dispatch, "submit_many", broken_submit)
 
     async def scenario():
         ws = await connect()

@@ -26,14 +26,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def demo_worker(monkeypatch, delay: float = 0.002):
     """fake_worker's worker; the demo never sends plain prompts, so its submit needs no `prompt`."""
     async with worker(monkeypatch, delay) as (engine, submitted):
-        chat_submit = dispatch.submit
+        send = dispatch.submit_many
         engine.salts = []  # the cache salt of every request, in order
 
-        def submit(request_id, job):
-            engine.salts.append(job.cache_salt)
-            return chat_submit(request_id, job)
+        def submit_many(jobs):
+            engine.salts.extend(job.cache_salt for _, job in jobs)
+            return send(jobs)
 
-        monkeypatch.setattr(dispatch, "submit", submit)
+        monkeypatch.setattr(dispatch, "submit_many", submit_many)
         try:
             yield engine
         finally:

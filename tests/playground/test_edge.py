@@ -69,7 +69,7 @@ def api_post(path: str, body: str | bytes, key: str):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("name", SURROGATES)
 def test_api_refuses_invalid_unicode_with_400_streaming_or_not(monkeypatch, api_key, name, stream):
-    monkeypatch.setattr(dispatch, "submit", lambda *args: pytest.fail("a bad body reached dispatch"))
+    monkeypatch.setattr(dispatch, "submit_many", lambda jobs: pytest.fail("a bad body reached dispatch"))
     text = BAD_TEXTS[name]
     chat = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": text}], "stream": stream}
     completion = {"model": "smollm2-135m-instruct", "prompt": text, "stream": stream}

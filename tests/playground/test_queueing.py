@@ -1,6 +1,12 @@
 """playground/serving/shared/queueing.py: a generation goes to this process's worker when it takes it (the
 embedded mode), to Celery otherwise."""
+import json
+
 import pytest
+import redis
+from celery import Celery
+from kombu import Producer
+from live_stack import REDIS_HOST, REDIS_PORT, empty_redis_db
 
 from playground.serving.shared import queueing
 from playground.serving.shared.naming import TASK_NAME
@@ -16,9 +22,46 @@ def sent(monkeypatch) -> list[tuple]:
 
 def test_with_no_local_worker_the_task_goes_to_celery(sent):
     queueing.send_generation("r1", {"kind": "generate"}, "gpu")
-    assert sent == [((TASK_NAME,), {"kwargs": {"request_id": "r1", "job": {"kind": "generate"}}, "queue": "gpu",
-                                    "task_id": "r1", "ignore_result": True, "argsrepr": "()",
-                                    "kwargsrepr": "request r1: generate, a prompt of 0 characters"})]
+    ((args, kwargs),) = sent
+    assert isinstance(kwargs.pop("producer"), Producer)
+    assert (args, kwargs) == ((TASK_NAME,), {"kwargs": {"request_id": "r1", "job": {"kind": "generate"}},
+                                             "queue": "gpu", "task_id": "r1", "ignore_result": True, "argsrepr": "()",
+                                             "kwargsrepr": "request r1: generate, a prompt of 0 characters"})
+
+
+def test_a_burst_goes_to_redis_in_one_pipeline_each_task_on_its_queue(monkeypatch):
+    """Through the distributed settings' broker transport (playground/broker.py, kombu's Redis transport): the tasks
+    land on their queues in order, under their ids; the pushes went in one pipeline (no LPUSH of its own; the
+    queues are declared on first use), and a second burst builds no new Redis client."""
+    db = empty_redis_db()
+    client = redis.Redis(REDIS_HOST, REDIS_PORT, db=db)
+    app = Celery("queueing-test", broker=f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}")
+    app.conf.broker_transport = "playground.broker:Transport"
+    monkeypatch.setattr(queueing, "celery_app", app)
+    commands, pipelines, clients = [], [], []
+    execute_command, execute, init = redis.Redis.execute_command, redis.client.Pipeline.execute, redis.Redis.__init__
+    monkeypatch.setattr(redis.Redis, "execute_command",
+                        lambda self, *args, **kw: commands.append(args[0]) or execute_command(self, *args, **kw))
+    monkeypatch.setattr(redis.client.Pipeline, "execute",
+                        lambda self, *args, **kw: pipelines.append([c[0][0] for c in self.command_stack])
+                        or execute(self, *args, **kw))
+    monkeypatch.setattr(redis.Redis, "__init__", lambda self, *args, **kw: clients.append(1) or init(self, *args, **kw))
+    try:
+        def burst(first):
+            queueing.send_generations([(f"r{i}", {"kind": "generate", "prompt": [i]}, queue) for i, queue in
+                                       enumerate(["gpu", "gpu.w1@h", "gpu", "gpu"], start=first)])
+
+        burst(0)
+        queued = {queue: [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+                  for queue in ("gpu", "gpu.w1@h")}
+        assert {queue: [m["headers"]["id"] for m in messages] for queue, messages in queued.items()} == {
+            "gpu": ["r0", "r2", "r3"], "gpu.w1@h": ["r1"]}
+        assert "LPUSH" not in commands and [p for p in pipelines if "LPUSH" in p] == [["LPUSH"] * 4]
+        clients.clear()
+        burst(4)
+        assert client.llen("gpu") == 6 and clients == []
+    finally:
+        client.flushdb()
 
 
 def test_the_task_headers_summarise_the_job_without_its_text(monkeypatch):

@@ -134,14 +134,29 @@ def test_healthz_is_503_when_the_database_is_down(client, monkeypatch):
 
 
 def test_routing_prefers_the_last_worker_only_when_alive_ready_and_idle():
-    assert dispatch.choose_queue("") == "gpu"
-    assert dispatch.choose_queue("gone@h") == "gpu"
+    def queue(worker):
+        (chosen,) = dispatch.choose_queues([worker])
+        return chosen
+
+    assert queue("") == "gpu"
+    assert queue("gone@h") == "gpu"
     registry.beat({"name": "w1@h", "queue": "gpu.w1@h", "state": "loading", "metrics": {}})
-    assert dispatch.choose_queue("w1@h") == "gpu"
+    assert queue("w1@h") == "gpu"
     registry.beat({"name": "w1@h", "queue": "gpu.w1@h", "state": "ready", "metrics": {"num_requests_waiting": 0}})
-    assert dispatch.choose_queue("w1@h") == "gpu.w1@h"
+    assert queue("w1@h") == "gpu.w1@h"
     registry.beat({"name": "w1@h", "queue": "gpu.w1@h", "state": "ready", "metrics": {"num_requests_waiting": 2}})
-    assert dispatch.choose_queue("w1@h") == "gpu"
+    assert queue("w1@h") == "gpu"
+
+
+def test_a_burst_is_routed_request_by_request_from_one_registry_read(monkeypatch):
+    registry.beat({"name": "idle@h", "queue": "gpu.idle@h", "state": "ready", "metrics": {"num_requests_waiting": 0}})
+    registry.beat({"name": "busy@h", "queue": "gpu.busy@h", "state": "ready", "metrics": {"num_requests_waiting": 3}})
+    reads = []
+    get_many = registry.get_many
+    monkeypatch.setattr(registry, "get_many", lambda names: reads.append(names) or get_many(names))
+    assert dispatch.choose_queues(["idle@h", "", "busy@h", "gone@h", "idle@h"]) == [
+        "gpu.idle@h", "gpu", "gpu", "gpu", "gpu.idle@h"]
+    assert len(reads) == 1
 
 
 def test_registry_forgets_dead_workers():

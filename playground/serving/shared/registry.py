@@ -42,6 +42,15 @@ def get(name: str) -> dict[str, Any] | None:
 aget = sync_to_async(get, thread_sensitive=False)
 
 
+def get_many(names: list[str]) -> dict[str, dict[str, Any]]:
+    """The last heartbeats of the live ones among `names`, by name (one cache read for all)."""
+    wanted = sorted({name for name in names if name})
+    if not wanted:
+        return {}
+    entries = cache.get_many([_key(name) for name in wanted])
+    return {name: entries[_key(name)] for name in wanted if _key(name) in entries}
+
+
 def live_workers() -> list[dict[str, Any]]:
     """Heartbeats of all live workers; names whose heartbeat expired are pruned from the index."""
     names = list(cache.get(_INDEX) or ())

@@ -191,8 +191,7 @@ class Generation:
             logger.exception("channel layer failed for request %s", self.request_id)
             raise GenerationFailed("the server lost its channel layer (Redis); try again", "unavailable") from exc
         try:
-            self.progress.queue = await sync_to_async(dispatch.submit, thread_sensitive=False)(
-                self.request_id, replace(job, reply_to=reply_to))
+            self.progress.queue = await dispatch.submit(self.request_id, replace(job, reply_to=reply_to))
         except Exception as exc:
             logger.exception("could not queue request %s", self.request_id)
             raise GenerationFailed("could not queue the request: the task broker is unavailable",
