@@ -401,16 +401,16 @@ def test_anonymous_socket_refused_when_anonymous_use_is_off(settings):
 def test_a_server_fault_is_reported_and_the_socket_stays_usable(monkeypatch):
     from playground.chat import store
 
-    real_open = store.open_conversation
+    real_create = store.create_conversations  # a new chat's transcript write (chat/transcripts.py)
     calls = []
 
-    def flaky_open(*args, **kwargs):
+    def flaky_create(*args, **kwargs):
         calls.append(args)
         if len(calls) == 1:
             raise RuntimeError("database is down")
-        return real_open(*args, **kwargs)
+        return real_create(*args, **kwargs)
 
-    monkeypatch.setattr(store, "open_conversation", flaky_open)
+    monkeypatch.setattr(store, "create_conversations", flaky_create)
 
     async def scenario():
         async with worker(monkeypatch, delay=0.05) as (engine, submitted):  # slow enough to be aborted mid-reply
@@ -439,18 +439,18 @@ def test_a_turn_reaches_the_engine_while_its_transcript_is_still_being_written(m
     would), and the frames still come in order: `started` first, then the tokens."""
     from playground.chat import store
 
-    real_open = store.open_conversation
+    real_create = store.create_conversations  # a new chat's transcript write (chat/transcripts.py)
     submitted: list[dict] = []  # the worker's list of queued turns, once it runs
 
-    def open_after_the_turn_is_queued(*args, **kwargs):
+    def create_after_the_turn_is_queued(*args, **kwargs):
         deadline = time.monotonic() + 5
         while not submitted and time.monotonic() < deadline:
             time.sleep(0.01)
         if not submitted:
             raise AssertionError("the turn was not queued while its transcript was being written")
-        return real_open(*args, **kwargs)
+        return real_create(*args, **kwargs)
 
-    monkeypatch.setattr(store, "open_conversation", open_after_the_turn_is_queued)
+    monkeypatch.setattr(store, "create_conversations", create_after_the_turn_is_queued)
 
     async def scenario():
         nonlocal submitted
