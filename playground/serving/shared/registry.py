@@ -54,8 +54,8 @@ def get_many(names: list[str]) -> dict[str, dict[str, Any]]:
 def live_workers() -> list[dict[str, Any]]:
     """Heartbeats of all live workers; names whose heartbeat expired are pruned from the index."""
     names = list(cache.get(_INDEX) or ())
-    entries = cache.get_many([_key(n) for n in names])
-    alive = [entries[_key(n)] for n in names if _key(n) in entries]
+    entries = get_many(names)
+    alive = [entries[n] for n in names if n in entries]
     if len(alive) != len(names):
         cache.set(_INDEX, sorted(w["name"] for w in alive), timeout=_INDEX_TTL)
     return alive
